@@ -1,0 +1,198 @@
+"""The metric catalog: how each verl key becomes a Prometheus series.
+
+``catalog.yaml`` lists every metric of the guide with its name, unit conversion, meaning, healthy
+range and thresholds, plus key families (``val-core/...``) that become one labelled metric. Keys
+the catalog does not list are still exported under the naming rule of :func:`default_name`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+PREFIX = "verl_"
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Suffixes a gauge must not end in: Prometheus reserves them for counters, histograms, summaries.
+_RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info")
+
+# Names the exporter itself serves; a logged key never takes them.
+RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", "verl_logged_")
+RESERVED_NAMES = frozenset({
+    "verl_training_last_step",
+    "verl_training_last_step_timestamp_seconds",
+    "verl_training_steps_ingested_total",
+    "verl_training_nonfinite_values_total",
+    "verl_training_run_info",
+    "verl_training_series_dropped_total",
+    "verl_training_finished",
+    "verl_training_runs",
+    "verl_training_runs_dropped_total",
+})
+
+# verl key shapes that carry a unit, and how to convert them to base units.
+_UNIT_RULES = (
+    (re.compile(r"^timing_per_token_ms/(.+)$"), "timing_per_token_{}", "_seconds", 1e-3),
+    (re.compile(r"^timing_s/(.+)$"), "timing_{}", "_seconds", 1.0),
+    (re.compile(r"^timing/(.+)$"), "timing_{}", "_seconds", 1.0),
+    (re.compile(r"^(.+)_gb$"), "{}", "_bytes", float(GIB)),
+    (re.compile(r"^(.+)_mb$"), "{}", "_bytes", float(MIB)),
+    (re.compile(r"^(.+)_ms$"), "{}", "_seconds", 1e-3),
+)
+
+
+def sanitize(text: str) -> str:
+    """Lower-case ``text`` with every run of characters outside [a-z0-9_] turned into one '_'."""
+    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")
+
+
+def default_name(key: str) -> tuple[str, float]:
+    """Prometheus name and scale factor for a verl key, by the naming rule.
+
+    ``actor/pg_clipfrac`` -> ``verl_actor_pg_clipfrac``; ``timing_s/gen`` ->
+    ``verl_timing_gen_seconds``; ``timing_per_token_ms/gen`` -> ``verl_timing_per_token_gen_seconds``
+    (x 0.001); ``perf/max_memory_allocated_gb`` -> ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
+    """
+    for pattern, template, suffix, scale in _UNIT_RULES:
+        match = pattern.match(key)
+        if match:
+            return PREFIX + re.sub(r"_+", "_", sanitize(template.format(match.group(1))) + suffix), scale
+    name = PREFIX + (sanitize(key) or "unnamed")
+    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES:
+        name = PREFIX + "logged_" + name[len(PREFIX):]
+    if name.endswith(_RESERVED_SUFFIXES):
+        name += "_value"
+    return name, 1.0
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How one verl key (or family) is exported."""
+
+    key: str
+    name: str
+    help: str
+    unit: str = ""
+    scale: float = 1.0
+    healthy: dict = field(default_factory=dict, hash=False, compare=False)
+    thresholds: dict = field(default_factory=dict, hash=False, compare=False)
+    aliases: tuple[str, ...] = ()
+    label_names: tuple[str, ...] = ()
+    known: bool = True
+
+    def full_help(self) -> str:
+        """HELP text: the verl key(s), the guide's meaning, the unit and the healthy range."""
+        keys = " / ".join((self.key,) + self.aliases)
+        text = f"verl {keys}: {self.help}"
+        if self.unit:
+            text += f" [{self.unit}]"
+        if self.healthy:
+            low, high = self.healthy.get("min"), self.healthy.get("max")
+            if low is not None and high is not None:
+                text += f". Healthy {low} to {high}"
+            elif low is not None:
+                text += f". Healthy >= {low}"
+            elif high is not None:
+                text += f". Healthy <= {high}"
+        return text + "."
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A verl key resolved to its metric and the label values of this series."""
+
+    spec: MetricSpec
+    label_values: tuple[str, ...] = ()
+
+
+class Catalog:
+    """Looks up verl keys; loads ``catalog.yaml`` once."""
+
+    def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]]):
+        self.metrics = metrics
+        self.families = families
+        self._by_key: dict[str, MetricSpec] = {}
+        for spec in metrics:
+            for key in (spec.key,) + spec.aliases:
+                if key in self._by_key:
+                    raise ValueError(f"catalog: key {key!r} listed twice")
+                self._by_key[key] = spec
+        self._cache: dict[str, Resolved] = {}
+
+    @classmethod
+    def load(cls, path: Path | str = CATALOG_PATH) -> "Catalog":
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        metrics = [_metric_from_yaml(entry) for entry in data.get("metrics", [])]
+        families = []
+        for entry in data.get("families", []):
+            pattern = re.compile(entry["pattern"])
+            spec = MetricSpec(
+                key=entry["pattern"],
+                name=entry["name"],
+                help=entry["help"],
+                unit=entry.get("unit", ""),
+                label_names=tuple(pattern.groupindex),
+            )
+            families.append((pattern, spec))
+        return cls(metrics, families)
+
+    def spec(self, key: str) -> MetricSpec:
+        """The catalog entry for a verl key or alias; KeyError if it is not listed."""
+        return self._by_key[key]
+
+    def by_name(self, name: str) -> MetricSpec:
+        """The catalog entry exported under a Prometheus name; KeyError if none."""
+        for spec in self.metrics:
+            if spec.name == name:
+                return spec
+        for _, spec in self.families:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def resolve(self, key: str) -> Resolved:
+        """The metric and label values a verl key is exported as (cached per key)."""
+        resolved = self._cache.get(key)
+        if resolved is None:
+            resolved = self._resolve(key)
+            if len(self._cache) < 100_000:
+                self._cache[key] = resolved
+        return resolved
+
+    def _resolve(self, key: str) -> Resolved:
+        spec = self._by_key.get(key)
+        if spec is not None:
+            return Resolved(spec)
+        for pattern, family in self.families:
+            match = pattern.match(key)
+            if match:
+                return Resolved(family, tuple(match.group(name) for name in family.label_names))
+        name, scale = default_name(key)
+        return Resolved(MetricSpec(key=key, name=name, help="(not in the catalog)", scale=scale, known=False))
+
+
+def _metric_from_yaml(entry: dict) -> MetricSpec:
+    key = entry["key"]
+    derived_name, derived_scale = default_name(key)
+    return MetricSpec(
+        key=key,
+        name=entry.get("name", derived_name),
+        help=entry["help"],
+        unit=entry.get("unit", ""),
+        scale=float(entry.get("scale", derived_scale)),
+        healthy=dict(entry.get("healthy") or {}),
+        thresholds=dict(entry.get("thresholds") or {}),
+        aliases=tuple(entry.get("aliases") or ()),
+    )
+
+
+@lru_cache(maxsize=1)
+def default_catalog() -> Catalog:
+    """The catalog shipped with the package."""
+    return Catalog.load()

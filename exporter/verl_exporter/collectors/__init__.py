@@ -1,0 +1,86 @@
+"""Runs every collector at scrape time and reports on each one, the node_exporter way.
+
+Emits::
+
+    # HELP verl_exporter_collector_success Whether the collector succeeded on this scrape (1) or failed (0).
+    # TYPE verl_exporter_collector_success gauge
+    verl_exporter_collector_success{collector="gpu"} 1.0
+    # HELP verl_exporter_collector_duration_seconds How long the collector took on this scrape.
+    # TYPE verl_exporter_collector_duration_seconds gauge
+    verl_exporter_collector_duration_seconds{collector="gpu"} 0.0012
+
+A collector that raises loses only its own metrics for that scrape; the others are still served.
+A collector can also report a failure without raising by setting ``last_error`` to a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable, Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+log = logging.getLogger(__name__)
+
+
+class Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+    def describe(self) -> Iterable[Metric]: ...
+
+
+class CollectorRunner:
+    """Wraps named collectors; register this one object on the registry."""
+
+    def __init__(self, collectors: dict[str, Collector], clock: Callable[[], float] = time.perf_counter):
+        self.collectors = dict(collectors)
+        self._clock = clock
+        self._failing: set[str] = set()
+
+    def describe(self) -> Iterable[Metric]:
+        for collector in self.collectors.values():
+            yield from collector.describe()
+        yield from self._status_families()
+
+    def collect(self) -> Iterable[Metric]:
+        success = {}
+        duration = {}
+        for name, collector in self.collectors.items():
+            started = self._clock()
+            try:
+                families = list(collector.collect())
+                error = getattr(collector, "last_error", None)
+            except Exception as exc:  # one collector must never fail the scrape
+                families, error = [], f"{type(exc).__name__}: {exc}"
+            duration[name] = self._clock() - started
+            success[name] = 0.0 if error else 1.0
+            self._log_change(name, error)
+            yield from families
+        yield from self._status_families(success, duration)
+
+    def _log_change(self, name: str, error: str | None) -> None:
+        """Log once when a collector starts failing and once when it recovers, not every scrape."""
+        if error and name not in self._failing:
+            self._failing.add(name)
+            log.error("collector %s failed: %s", name, error)
+        elif not error and name in self._failing:
+            self._failing.discard(name)
+            log.info("collector %s recovered", name)
+
+    @staticmethod
+    def _status_families(success: dict | None = None, duration: dict | None = None):
+        ok = GaugeMetricFamily(
+            "verl_exporter_collector_success",
+            "Whether the collector succeeded on this scrape (1) or failed (0).",
+            labels=["collector"],
+        )
+        took = GaugeMetricFamily(
+            "verl_exporter_collector_duration_seconds",
+            "How long the collector took on this scrape.",
+            labels=["collector"],
+        )
+        for name, value in (success or {}).items():
+            ok.add_metric([name], value)
+            took.add_metric([name], duration[name])
+        return [ok, took]

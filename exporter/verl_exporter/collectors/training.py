@@ -1,0 +1,100 @@
+"""Training metrics of every followed run, read from the RunStore at scrape time.
+
+Emits, for each verl key logged (names from the catalog, every series labelled with the run)::
+
+    # HELP verl_actor_pg_clipfrac verl actor/pg_clipfrac: Fraction of samples whose policy update was clipped by PPO [ratio]. Healthy 0.05 to 0.3.
+    # TYPE verl_actor_pg_clipfrac gauge
+    verl_actor_pg_clipfrac{experiment="ppo-qwen",project="gsm8k"} 0.12
+
+and per run::
+
+    verl_training_last_step{project,experiment}                    last step seen
+    verl_training_last_step_timestamp_seconds{project,experiment}  when it was seen (unix time)
+    verl_training_steps_ingested_total{project,experiment}         steps read since the exporter started
+    verl_training_finished{project,experiment}                     1 once verl printed its end of training
+    verl_training_nonfinite_values_total{project,experiment,key}   NaN/Inf values seen per verl key
+    verl_training_series_dropped_total{project,experiment}         keys dropped by the per-run series cap
+    verl_training_run_info{project,experiment,source} 1
+
+and for the exporter: ``verl_exporter_parse_errors_total{source}``, ``verl_training_runs`` and
+``verl_training_runs_dropped_total`` (runs refused by the run cap).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..store import RunStore
+
+RUN_LABELS = ["project", "experiment"]
+
+
+class TrainingCollector:
+    def __init__(self, store: RunStore):
+        self.store = store
+
+    def describe(self) -> Iterable[Metric]:
+        return self._run_families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self.store.snapshot()
+        families = self._run_families()
+        logged: dict[str, GaugeMetricFamily] = {}
+        for state in sorted(snapshot.runs, key=lambda s: s.run):
+            run = [state.run.project, state.run.experiment]
+            if state.last_step is not None:
+                families["last_step"].add_metric(run, state.last_step)
+            if state.last_step_time is not None:
+                families["last_step_time"].add_metric(run, state.last_step_time)
+            families["steps"].add_metric(run, state.steps_ingested)
+            families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
+            families["dropped"].add_metric(run, len(state.dropped_keys))
+            families["info"].add_metric(run + [state.source], 1.0)
+            for key, count in sorted(state.nonfinite.items()):
+                families["nonfinite"].add_metric(run + [key], count)
+            for (name, label_values), (resolved, value) in state.series.items():
+                family = logged.get(name)
+                if family is None:
+                    spec = resolved.spec
+                    family = logged[name] = GaugeMetricFamily(
+                        name, spec.full_help(), labels=RUN_LABELS + list(spec.label_names)
+                    )
+                family.add_metric(run + list(label_values), value)
+        for source, count in sorted(snapshot.parse_errors.items()):
+            families["parse_errors"].add_metric([source], count)
+        families["runs"].add_metric([], len(snapshot.runs))
+        families["runs_dropped"].add_metric([], snapshot.runs_dropped)
+        yield from families.values()
+        yield from (logged[name] for name in sorted(logged))
+
+    @staticmethod
+    def _run_families() -> dict[str, Metric]:
+        return {
+            "last_step": GaugeMetricFamily(
+                "verl_training_last_step", "Last training step seen for the run.", labels=RUN_LABELS),
+            "last_step_time": GaugeMetricFamily(
+                "verl_training_last_step_timestamp_seconds",
+                "Unix time at which the run's last step was read.", labels=RUN_LABELS),
+            "steps": CounterMetricFamily(
+                "verl_training_steps_ingested", "Training steps read for the run since the exporter started.",
+                labels=RUN_LABELS),
+            "finished": GaugeMetricFamily(
+                "verl_training_finished", "1 once verl reported the end of training for the run, else 0.",
+                labels=RUN_LABELS),
+            "nonfinite": CounterMetricFamily(
+                "verl_training_nonfinite_values", "NaN or Inf values logged by the run, per verl key.",
+                labels=RUN_LABELS + ["key"]),
+            "dropped": CounterMetricFamily(
+                "verl_training_series_dropped",
+                "verl keys of the run not exported because the run reached its series cap.", labels=RUN_LABELS),
+            "info": GaugeMetricFamily(
+                "verl_training_run_info", "A followed run and the file it is read from.",
+                labels=RUN_LABELS + ["source"]),
+            "parse_errors": CounterMetricFamily(
+                "verl_exporter_parse_errors", "Lines that could not be parsed, per source file.", labels=["source"]),
+            "runs": GaugeMetricFamily("verl_training_runs", "Runs the exporter follows."),
+            "runs_dropped": CounterMetricFamily(
+                "verl_training_runs_dropped", "Records refused because the exporter reached its run cap."),
+        }

@@ -1,0 +1,156 @@
+"""Settings: command-line flags in the node_exporter style, optionally from a YAML file.
+
+Every flag ``--a.b-c`` can also be set in the ``--config.file`` YAML as ``a.b-c: value``; flags
+given on the command line win over the file, the file over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import __version__
+
+DEFAULT_PORT = 9945
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    default: Any
+    help: str
+    type: Any = str
+    multiple: bool = False
+    switch: bool = False
+
+
+OPTIONS = [
+    Option("web.listen-address", f":{DEFAULT_PORT}", "address to serve on, [HOST]:PORT"),
+    Option("web.telemetry-path", "/metrics", "path under which to expose metrics"),
+    Option("source", [], "verl FileLogger JSONL file or console log to follow; a path or a glob "
+           "(repeatable)", multiple=True),
+    Option("source.format", "auto", "jsonl, console, or auto (.jsonl/.json are JSONL, others console)"),
+    Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
+    Option("project", None, "trainer.project_name of the run (default: the source file's directory name)"),
+    Option("experiment", None, "trainer.experiment_name of the run (default: the source file's name)"),
+    Option("collector.training", True, "training metrics from the sources", switch=True),
+    Option("collector.gpu", True, "GPU metrics through NVML", switch=True),
+    Option("collector.host", True, "host and job metrics through psutil", switch=True),
+    Option("job.pid", None, "PID of the training job; its child processes count too", int),
+    Option("job.match", None, "regular expression on the command line of the job's processes"),
+    Option("gpu.timeout", 2.0, "seconds one scrape may spend in NVML", float),
+    Option("gpu.fake", None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)"),
+    Option("store.max-series-per-run", 2000, "cap on exported series per run", int),
+    Option("store.max-runs", 1000, "cap on runs followed", int),
+    Option("simulate", None, "also write a simulated verl run with this scenario and follow it"),
+    Option("simulate.format", "console", "format of the simulated run: jsonl or console"),
+    Option("simulate.interval", 1.0, "seconds between simulated steps", float),
+    Option("simulate.dir", None, "directory for the simulated run's file (default: a temp dir)"),
+    Option("log.level", "info", "debug, info, warn or error"),
+]
+_BY_FLAG = {option.flag: option for option in OPTIONS}
+
+
+def attr(flag: str) -> str:
+    """The Settings attribute of a flag: ``web.listen-address`` -> ``web_listen_address``."""
+    return flag.replace(".", "_").replace("-", "_")
+
+
+class Settings(argparse.Namespace):
+    """Parsed settings; attributes named by :func:`attr`."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl-exporter",
+        description="Prometheus exporter for verl training runs, their GPUs and host. "
+                    "Subcommand: 'verl-exporter simulate --help' writes a simulated run.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--version", action="version", version=f"verl-exporter {__version__}")
+    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
+                        help="YAML file with any of these settings")
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": attr(option.flag), "help": f"{option.help} (default: {option.default})"}
+        if option.switch:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif option.multiple:
+            kwargs["action"] = "append"
+            kwargs["metavar"] = "PATH"
+        else:
+            kwargs["type"] = option.type
+        parser.add_argument(f"--{option.flag}", **kwargs)
+    return parser
+
+
+def load(argv: list[str]) -> Settings:
+    """Settings from flags and the config file; argparse exits 2 on a bad flag, ConfigError otherwise."""
+    parser = build_parser()
+    given = parser.parse_args(argv, namespace=Settings())
+    from_file = _read_file(getattr(given, "config_file", None))
+    settings = Settings()
+    for option in OPTIONS:
+        name = attr(option.flag)
+        if hasattr(given, name):
+            value = getattr(given, name)
+        elif option.flag in from_file:
+            value = _convert(option, from_file[option.flag])
+        else:
+            value = list(option.default) if option.multiple else option.default
+        setattr(settings, name, value)
+    _check(settings)
+    return settings
+
+
+def _read_file(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: want a mapping of settings, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_BY_FLAG))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(map(str, unknown))}")
+    return data
+
+
+def _convert(option: Option, value: Any) -> Any:
+    try:
+        if option.multiple:
+            return [str(item) for item in (value if isinstance(value, list) else [value])]
+        if option.switch:
+            if not isinstance(value, bool):
+                raise ValueError("want true or false")
+            return value
+        return None if value is None else option.type(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config setting {option.flag}: {value!r} is not valid ({exc})") from None
+
+
+def _check(settings: Settings) -> None:
+    if settings.source_format not in ("auto", "jsonl", "console"):
+        raise ConfigError(f"--source.format must be auto, jsonl or console, not {settings.source_format!r}")
+    if settings.simulate_format not in ("jsonl", "console"):
+        raise ConfigError(f"--simulate.format must be jsonl or console, not {settings.simulate_format!r}")
+    if settings.log_level.lower() not in ("debug", "info", "warn", "warning", "error"):
+        raise ConfigError(f"--log.level must be debug, info, warn or error, not {settings.log_level!r}")
+    if not settings.web_telemetry_path.startswith("/") or settings.web_telemetry_path.startswith("/-/"):
+        raise ConfigError(f"--web.telemetry-path must start with / (and not /-/): {settings.web_telemetry_path!r}")
+    for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs"):
+        if getattr(settings, attr(flag)) <= 0:
+            raise ConfigError(f"--{flag} must be positive")

@@ -1,0 +1,53 @@
+"""The one shape every source yields: a run's metrics at one training step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """A training run, named as verl names it (trainer.project_name, trainer.experiment_name)."""
+
+    project: str
+    experiment: str
+
+
+@dataclass
+class Record:
+    """The values verl logged for one run at one step.
+
+    ``values`` maps the verl key exactly as logged (``actor/pg_clipfrac``) to a float, which may be
+    NaN or +/-Inf. ``time`` is the wall-clock time (unix seconds) at which the record was read.
+    ``finished`` is set when the source saw verl's end-of-training marker; ``source`` names the
+    file the record came from.
+    """
+
+    run: RunKey
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+    time: float = 0.0
+    finished: bool = False
+    source: str = ""
+
+
+class ParseError(ValueError):
+    """A line that should be a record but cannot be read; the message says why, briefly."""
+
+
+def to_float(value: object) -> float:
+    """A logged value as a float: numbers, bools and numeric strings ('nan', '1e-3'); else ParseError."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ParseError(f"not a number: {str(value)[:40]!r}")
