@@ -1,0 +1,116 @@
+import math
+import threading
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.records import Record, RunKey
+from verl_exporter.store import RunStore
+
+RUN = RunKey("gsm8k", "ppo-qwen")
+
+
+def make_store(**kwargs):
+    return RunStore(default_catalog(), **kwargs)
+
+
+def series(store, run=RUN):
+    return {name + str(labels): value for (name, labels), (_, value) in store.run(run).series.items()}
+
+
+def test_latest_value_wins_and_units_are_converted():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/pg_clipfrac": 0.1, "timing_per_token_ms/gen": 40.0}, time=100.0))
+    store.ingest(Record(RUN, 2, {"actor/pg_clipfrac": 0.2, "perf/max_memory_allocated_gb": 45.5}, time=160.0))
+    values = series(store)
+    assert values["verl_actor_pg_clipfrac()"] == 0.2
+    assert math.isclose(values["verl_timing_per_token_gen_seconds()"], 0.040)
+    assert values["verl_perf_max_memory_allocated_bytes()"] == 45.5 * 2**30
+    state = store.run(RUN)
+    assert (state.last_step, state.last_step_time, state.steps_ingested) == (2, 160.0, 2)
+
+
+def test_several_lines_at_one_step_count_as_one_step():
+    store = make_store()
+    store.ingest(Record(RUN, 10, {"actor/pg_loss": -0.001}, time=1.0))
+    store.ingest(Record(RUN, 10, {"val-core/openai/gsm8k/acc/mean@1": 0.7}, time=2.0))
+    state = store.run(RUN)
+    assert state.steps_ingested == 1
+    assert len(state.series) == 2
+
+
+def test_old_and_new_spellings_are_one_series():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/entropy_loss": 0.5}))
+    store.ingest(Record(RUN, 2, {"actor/entropy": 0.4}))
+    assert series(store) == {"verl_actor_entropy()": 0.4}
+
+
+def test_nonfinite_values_are_kept_and_counted():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/pg_loss": math.nan, "critic/vf_loss": math.inf}))
+    store.ingest(Record(RUN, 2, {"actor/pg_loss": math.nan}))
+    state = store.run(RUN)
+    assert state.nonfinite == {"actor/pg_loss": 2, "critic/vf_loss": 1}
+    assert math.isnan(series(store)["verl_actor_pg_loss()"])
+
+
+def test_series_cap_counts_what_it_drops_and_keeps_updating_existing_series():
+    store = make_store(max_series_per_run=2)
+    store.ingest(Record(RUN, 1, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}))
+    store.ingest(Record(RUN, 2, {"a": 5.0, "c": 6.0}))
+    state = store.run(RUN)
+    assert len(state.series) == 2
+    assert state.dropped_keys == {"c", "d"}
+    assert series(store)["verl_a()"] == 5.0
+
+
+def test_run_cap_refuses_new_runs_and_counts_them():
+    store = make_store(max_runs=1)
+    store.ingest(Record(RUN, 1, {"a": 1.0}))
+    store.ingest(Record(RunKey("p", "other"), 1, {"a": 1.0}))
+    snapshot = store.snapshot()
+    assert [state.run for state in snapshot.runs] == [RUN]
+    assert snapshot.runs_dropped == 1
+
+
+def test_finished_marker_and_resume():
+    store = make_store()
+    store.ingest(Record(RUN, 5, {"a": 1.0}, time=10.0))
+    store.ingest(Record(RUN, 5, finished=True, time=20.0))
+    state = store.run(RUN)
+    assert state.finished and state.last_step == 5 and state.last_step_time == 10.0
+    store.ingest(Record(RUN, 6, {"a": 2.0}, time=30.0))  # resumed from a checkpoint
+    assert not store.run(RUN).finished
+
+
+def test_parse_errors_are_counted_per_source_with_a_cap():
+    store = make_store(max_error_sources=2)
+    for source in ["a.log", "a.log", "b.log", "c.log", "d.log"]:
+        store.parse_error(source, "bad line")
+    assert store.snapshot().parse_errors == {"a.log": 2, "b.log": 1, "other": 2}
+
+
+def test_snapshot_is_a_copy():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"a": 1.0}))
+    snapshot = store.snapshot()
+    store.ingest(Record(RUN, 2, {"a": 2.0, "b": 1.0}))
+    assert len(snapshot.runs[0].series) == 1 and snapshot.runs[0].last_step == 1
+
+
+def test_concurrent_ingest_and_snapshot_lose_nothing():
+    store = make_store()
+    runs = [RunKey("p", f"e{i}") for i in range(4)]
+
+    def writer(run):
+        for step in range(500):
+            store.ingest(Record(run, step, {"actor/pg_loss": float(step), f"k{step % 50}": 1.0}))
+
+    threads = [threading.Thread(target=writer, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        store.snapshot()
+    for run in runs:
+        state = store.run(run)
+        assert state.steps_ingested == 500 and state.last_step == 499
+        assert len(state.series) == 51
