@@ -310,6 +310,25 @@ def wait_for(predicate, deadline_s=10.0):
         time.sleep(0.01)
 
 
+class WatchingEvent(threading.Event):
+    """A stop event whose waits return at once, noting the timeout and how many lines were on disk."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.waits = path, []
+
+    def wait(self, timeout=None):
+        self.waits.append((timeout, len(self.path.read_text().splitlines())))
+        return self.is_set()
+
+
+def test_write_run_waits_the_interval_between_steps_with_each_step_on_disk(tmp_path):
+    path = tmp_path / "run.jsonl"
+    event = WatchingEvent(path)
+    assert write_run(path, steps=4, interval=2.5, stop_event=event, val_every=2) == 4
+    assert event.waits == [(2.5, 1), (2.5, 3), (2.5, 4)]  # validation lines follow their step at once
+
+
 def test_write_run_returns_when_the_stop_event_is_set(tmp_path):
     path, stop = tmp_path / "run.jsonl", threading.Event()
     thread = threading.Thread(target=write_run, args=(path,), kwargs={"interval": 0.01, "stop_event": stop})
