@@ -1,0 +1,245 @@
+"""Live GPU stats from NVML (through an ``NvmlBackend`` or ``FakeNvmlBackend``) at scrape time."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..job import JobSelector
+from ..nvml import CLOCK_EVENT_REASONS, REMAPPED_ROW_STATES, GpuReading, NvmlUnavailable
+
+GPU = ["gpu", "uuid"]
+
+# name: (HELP, GpuReading attribute); all gauges labelled gpu, uuid.
+READING_GAUGES = {
+    "verl_gpu_memory_total_bytes": ("Total GPU memory.", "memory_total_bytes"),
+    "verl_gpu_memory_used_bytes": ("GPU memory in use.", "memory_used_bytes"),
+    "verl_gpu_memory_free_bytes": ("GPU memory free.", "memory_free_bytes"),
+    "verl_gpu_memory_reserved_bytes": ("GPU memory the driver reserves (memory info v2).", "memory_reserved_bytes"),
+    "verl_gpu_utilization_ratio": ("Share of the last sample period a kernel ran (0-1).", "utilization_ratio"),
+    "verl_gpu_memory_utilization_ratio": (
+        "Share of the last sample period device memory was read or written (0-1); not memory used.",
+        "memory_utilization_ratio",
+    ),
+    "verl_gpu_temperature_celsius": ("GPU core temperature.", "temperature_celsius"),
+    "verl_gpu_power_watts": ("GPU power draw.", "power_watts"),
+    "verl_gpu_power_limit_watts": ("Power limit the driver enforces on the GPU.", "power_limit_watts"),
+    "verl_gpu_sm_clock_hertz": ("Current SM clock.", "sm_clock_hertz"),
+    "verl_gpu_memory_clock_hertz": ("Current memory clock.", "memory_clock_hertz"),
+}
+READING_COUNTERS = {
+    "verl_gpu_energy_joules": ("Energy the GPU used since the driver was loaded.", "energy_joules"),
+    "verl_gpu_pcie_replay_errors": ("PCIe link retransmissions since the driver was loaded.", "pcie_replay_errors"),
+}
+
+
+@dataclass
+class GpuSnapshot:
+    """Everything one scrape read from the backend."""
+
+    count: int
+    driver_version: str | None
+    cuda_driver_version: str | None
+    readings: list[GpuReading]
+    processes: dict[int, list[tuple[int, int | None]]] = field(default_factory=dict)
+    xid_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+class _Attempt:
+    """Runs ``fn`` in a daemon thread so the caller can stop waiting for it."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name="verl-gpu-read", daemon=True).start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:  # handed back to the scrape thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class GpuCollector:
+    """Per-GPU series labelled ``gpu`` (index) and ``uuid``; a field NVML cannot report is left out.
+
+    Emits (see docs/metrics-gpu-host.md for the full table)::
+
+        # HELP verl_gpus Number of GPUs NVML sees.
+        # TYPE verl_gpus gauge
+        # HELP verl_gpu_info GPU identity; always 1.
+        # TYPE verl_gpu_info gauge
+        verl_gpu_info{gpu="0",uuid="GPU-...",name="NVIDIA H100 80GB HBM3",driver_version="550.54.15",
+                      cuda_driver_version="12.4",pci_bus_id="00000000:18:00.0"} 1.0
+        # HELP verl_gpu_up Whether the GPU answers NVML (1) or is lost (0).
+        # TYPE verl_gpu_up gauge
+        # TYPE verl_gpu_memory_used_bytes gauge          (and the other READING_GAUGES)
+        # TYPE verl_gpu_energy_joules_total counter      (and verl_gpu_pcie_replay_errors_total)
+        # TYPE verl_gpu_clock_event_active gauge         {reason="hw_thermal_slowdown"} 0/1
+        # TYPE verl_gpu_ecc_errors_total counter         {type="corrected"|"uncorrected"}
+        # TYPE verl_gpu_remapped_rows gauge              {state="correctable"|"uncorrectable"|"pending"|"failure"}
+        # TYPE verl_gpu_xid_errors_total counter         {xid="79"}
+        # TYPE verl_gpu_process_memory_bytes gauge       {pid="1234"}
+        # TYPE verl_job_gpu_memory_bytes gauge           (with a job selector)
+        # TYPE verl_job_gpus gauge                       (with a job selector)
+
+    The NVML read runs in a worker thread; a scrape waits at most ``timeout_seconds`` for it. While
+    a timed-out read is still stuck, later scrapes do not start another one; they report failure.
+    """
+
+    def __init__(self, backend: Any, *, job: JobSelector | None = None, timeout_seconds: float | None = 2.0):
+        self.backend = backend
+        self.job = job if job is not None and job.configured else None
+        self.timeout_seconds = timeout_seconds
+        self.last_error: str | None = None
+        self._stuck: _Attempt | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families().values()
+
+    def collect(self) -> Iterable[Metric]:
+        self.last_error = None
+        try:
+            snapshot = self._read_with_deadline()
+        except NvmlUnavailable as exc:
+            self.last_error = str(exc) or "NVML is unavailable"
+            return []
+        if snapshot is None:
+            return []
+        return [family for family in self._build(snapshot).values() if family.samples]
+
+    def _read_with_deadline(self) -> GpuSnapshot | None:
+        if self.timeout_seconds is None:
+            return self._read()
+        if self._stuck is not None:
+            if not self._stuck.done.is_set():
+                self.last_error = "an earlier NVML read is still stuck; skipping this scrape's read"
+                return None
+            self._stuck = None
+        attempt = _Attempt(self._read)
+        if not attempt.done.wait(self.timeout_seconds):
+            self._stuck = attempt
+            self.last_error = f"NVML read took longer than {self.timeout_seconds:g} s; skipped"
+            return None
+        if attempt.error is not None:
+            raise attempt.error
+        return attempt.result
+
+    def _read(self) -> GpuSnapshot:
+        backend = self.backend
+        if not backend.ensure_initialized():
+            raise NvmlUnavailable(backend.error or "NVML is unavailable")
+        count = backend.device_count()
+        readings = [backend.read_device(index) for index in range(count)]
+        return GpuSnapshot(
+            count=count,
+            driver_version=backend.driver_version(),
+            cuda_driver_version=backend.cuda_driver_version(),
+            readings=readings,
+            processes={r.index: backend.running_processes(r.index) for r in readings if r.up},
+            xid_counts=backend.xid_counts(),
+        )
+
+    def _build(self, snap: GpuSnapshot) -> dict[str, Metric]:
+        fams = self._families()
+        fams["verl_gpus"].add_metric([], snap.count)
+        uuids = {r.index: r.uuid or "" for r in snap.readings}
+        for r in snap.readings:
+            gpu = [str(r.index), uuids[r.index]]
+            info = [r.name or "", snap.driver_version or "", snap.cuda_driver_version or "", r.pci_bus_id or ""]
+            fams["verl_gpu_info"].add_metric(gpu + info, 1.0)
+            fams["verl_gpu_up"].add_metric(gpu, 1.0 if r.up else 0.0)
+            for name, (_, attr) in {**READING_GAUGES, **READING_COUNTERS}.items():
+                value = getattr(r, attr)
+                if value is not None:
+                    fams[name].add_metric(gpu, value)
+            for reason, active in (r.clock_event_reasons or {}).items():
+                fams["verl_gpu_clock_event_active"].add_metric(gpu + [reason], 1.0 if active else 0.0)
+            for kind, count in (r.ecc_errors or {}).items():
+                fams["verl_gpu_ecc_errors"].add_metric(gpu + [kind], count)
+            for kind, count in (r.ecc_volatile_errors or {}).items():
+                fams["verl_gpu_ecc_volatile_errors"].add_metric(gpu + [kind], count)
+            for state, rows in (r.remapped_rows or {}).items():
+                fams["verl_gpu_remapped_rows"].add_metric(gpu + [state], rows)
+            for direction, rate in (r.pcie_throughput_bytes_per_second or {}).items():
+                fams["verl_gpu_pcie_throughput_bytes_per_second"].add_metric(gpu + [direction], rate)
+        for (index, xid), count in sorted(snap.xid_counts.items()):
+            fams["verl_gpu_xid_errors"].add_metric([str(index), uuids.get(index, ""), str(xid)], count)
+        for index, procs in sorted(snap.processes.items()):
+            for pid, used in procs:
+                if used is not None:
+                    fams["verl_gpu_process_memory_bytes"].add_metric([str(index), uuids[index], str(pid)], used)
+        if self.job is not None:
+            self._add_job(fams, snap)
+        return fams
+
+    def _add_job(self, fams: dict[str, Metric], snap: GpuSnapshot) -> None:
+        pids = {p.pid for p in self.job.processes()}
+        used_bytes, gpus = 0, 0
+        for procs in snap.processes.values():
+            mine = [used for pid, used in procs if pid in pids]
+            gpus += 1 if mine else 0
+            used_bytes += sum(used or 0 for used in mine)
+        fams["verl_job_gpu_memory_bytes"].add_metric([], used_bytes)
+        fams["verl_job_gpus"].add_metric([], gpus)
+
+    def _families(self) -> dict[str, Metric]:
+        """Fresh, empty families for every series this collector can emit."""
+        fams: dict[str, Metric] = {
+            # not verl_gpu_count: promtool's linter rejects a _count suffix outside histograms/summaries
+            "verl_gpus": GaugeMetricFamily("verl_gpus", "Number of GPUs NVML sees."),
+            "verl_gpu_info": GaugeMetricFamily(
+                "verl_gpu_info",
+                "GPU identity; always 1.",
+                labels=GPU + ["name", "driver_version", "cuda_driver_version", "pci_bus_id"],
+            ),
+            "verl_gpu_up": GaugeMetricFamily(
+                "verl_gpu_up", "Whether the GPU answers NVML (1) or is lost (0).", labels=GPU
+            ),
+        }
+        for name, (text, _) in READING_GAUGES.items():
+            fams[name] = GaugeMetricFamily(name, text, labels=GPU)
+        for name, (text, _) in READING_COUNTERS.items():
+            fams[name] = CounterMetricFamily(name, text, labels=GPU)
+        fams["verl_gpu_clock_event_active"] = GaugeMetricFamily(
+            "verl_gpu_clock_event_active",
+            "Whether a clock event reason (throttling cause) is active (1) or not (0); "
+            f"reasons: {', '.join(CLOCK_EVENT_REASONS)}.",
+            labels=GPU + ["reason"],
+        )
+        fams["verl_gpu_ecc_errors"] = CounterMetricFamily(
+            "verl_gpu_ecc_errors", "ECC memory errors over the GPU's lifetime (aggregate).", labels=GPU + ["type"]
+        )
+        fams["verl_gpu_ecc_volatile_errors"] = CounterMetricFamily(
+            "verl_gpu_ecc_volatile_errors", "ECC memory errors since the driver was loaded.", labels=GPU + ["type"]
+        )
+        fams["verl_gpu_remapped_rows"] = GaugeMetricFamily(
+            "verl_gpu_remapped_rows",
+            f"Memory rows remapped, by state ({', '.join(REMAPPED_ROW_STATES)}); failure 1: remapping failed.",
+            labels=GPU + ["state"],
+        )
+        fams["verl_gpu_pcie_throughput_bytes_per_second"] = GaugeMetricFamily(
+            "verl_gpu_pcie_throughput_bytes_per_second",
+            "PCIe throughput over the last 20 ms sample (only when PCIe sampling is enabled).",
+            labels=GPU + ["direction"],
+        )
+        fams["verl_gpu_xid_errors"] = CounterMetricFamily(
+            "verl_gpu_xid_errors", "XID critical errors reported since the exporter started.", labels=GPU + ["xid"]
+        )
+        fams["verl_gpu_process_memory_bytes"] = GaugeMetricFamily(
+            "verl_gpu_process_memory_bytes", "GPU memory used by a compute process.", labels=GPU + ["pid"]
+        )
+        if self.job is not None:
+            fams["verl_job_gpu_memory_bytes"] = GaugeMetricFamily(
+                "verl_job_gpu_memory_bytes", "GPU memory used by the training job's processes, all GPUs."
+            )
+            fams["verl_job_gpus"] = GaugeMetricFamily(
+                "verl_job_gpus", "Number of GPUs on which the training job has a process."
+            )
+        return fams
