@@ -140,12 +140,17 @@ class Exporter:
         log.info("simulating a verl run (%s) in %s", settings.simulate, path)
         return str(path)
 
+    def ready(self) -> bool:
+        """Ready once every source has read the lines that existed when it started."""
+        return not any(source.behind for source in self.ingestor.sources)
+
     def start(self, address: tuple[str, int]) -> None:
+        self.ingestor.poll_all()  # a first bounded read, so /-/ready means something at once
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
             self.gpu_backend.start()
         self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
-                               ready=self.ingestor.caught_up)
+                               ready=self.ready)
         host, port = self.server.server_address[:2]
         log.info("listening on %s:%s%s", host, port, self.settings.web_telemetry_path)
 
