@@ -1,0 +1,235 @@
+"""Building blocks shared by the dashboards: datasource, variables, queries, panels, thresholds.
+
+Descriptions, units and threshold colours of training panels come from the exporter's metric
+catalog (``verl_exporter/catalog.yaml``), so a dashboard cannot disagree with the alert rules about
+what is healthy. Colours: green inside the catalog's healthy range, orange below it, red above it;
+a one-sided range is red on its bad side. A metric without a healthy range is drawn in the text
+colour (no judgement).
+"""
+
+from __future__ import annotations
+
+import json
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (
+    BigValueColorMode, BigValueGraphMode, GraphThresholdsStyleMode, LegendDisplayMode, LegendPlacement,
+    StackingMode, TooltipDisplayMode, VisibilityMode,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync, DashboardLinkType, DataSourceRef, Threshold, ThresholdsMode, VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from verl_exporter.catalog import MetricSpec, default_catalog
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAGS = ["verl"]
+REFRESH = "30s"
+
+# Prometheus selectors of one run (run detail: single-valued variables) and of the runs picked on the
+# fleet and GPU dashboards (multi-valued variables, "All" = any value).
+RUN = 'project="$project", experiment="$experiment"'
+RUNS = 'project=~"$project", experiment=~"$experiment"'
+
+# Catalog units -> Grafana unit ids.
+UNITS = {
+    "ratio": "percentunit",
+    "seconds": "s",
+    "bytes": "bytes",
+    "tokens": "suffix: tokens",
+    "tokens per second per GPU": "suffix: tokens/s/GPU",
+    "": "none",
+}
+
+GREEN, ORANGE, RED, NEUTRAL = "green", "orange", "red", "text"
+
+# A run without a new step for this long counts as stalled. Between the catalog's slowest healthy step
+# (timing_s/step, 120 s) and this, "time since last step" is orange.
+STALLED_AFTER_SECONDS = 600
+
+
+def spec(name: str) -> MetricSpec:
+    """The catalog entry exported as ``name`` (KeyError if the catalog does not list it)."""
+    return default_catalog().by_name(name)
+
+
+def unit_of(name: str) -> str:
+    """Grafana unit of a catalogued metric."""
+    return UNITS[spec(name).unit]
+
+
+def healthy_steps(name: str) -> list[Threshold]:
+    """Threshold steps of a catalogued metric, coloured from its healthy range."""
+    healthy = spec(name).healthy
+    low, high = healthy.get("min"), healthy.get("max")
+    if low is not None and high is not None:
+        return [Threshold(None, ORANGE), Threshold(low, GREEN), Threshold(high, RED)]
+    if low is not None:
+        return [Threshold(None, RED), Threshold(low, GREEN)]
+    if high is not None:
+        return [Threshold(None, GREEN), Threshold(high, RED)]
+    return [Threshold(None, NEUTRAL)]
+
+
+def since_last_step_steps() -> list[Threshold]:
+    """Colours of "time since last step": green, orange past the slowest healthy step, red when stalled."""
+    slowest_step = spec("verl_timing_step_seconds").healthy["max"]
+    return steps(GREEN, (slowest_step, ORANGE), (STALLED_AFTER_SECONDS, RED))
+
+
+def steps(base: str, *rest: tuple[float, str]) -> list[Threshold]:
+    """Threshold steps: ``base`` colour, then (value, colour) pairs in ascending order."""
+    return [Threshold(None, base)] + [Threshold(value, color) for value, color in rest]
+
+
+def thresholds(step_list: list[Threshold]) -> db.ThresholdsConfig:
+    return db.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(step_list)
+
+
+def describe(*names: str, extra: str = "") -> str:
+    """Panel description: each metric's catalog help (verl key, meaning, unit, healthy range), then ``extra``."""
+    parts = [f"{spec(name).full_help()} Series: {name}." for name in names]
+    if extra:
+        parts.append(extra)
+    return "\n\n".join(parts)
+
+
+def query(expr: str, legend: str = "", *, ref_id: str | None = None, instant: bool = False,
+          table: bool = False) -> prometheus.Dataquery:
+    """A Prometheus query on the dashboard's ``$datasource``."""
+    target = prometheus.Dataquery().expr(expr).datasource(DATASOURCE)
+    if legend:
+        target = target.legend_format(legend)
+    if ref_id:
+        target = target.ref_id(ref_id)
+    if instant:
+        target = target.instant()
+    else:
+        target = target.range()
+    if table:
+        target = target.format(PromQueryFormat.TABLE)
+    return target
+
+
+# --- variables --------------------------------------------------------------------------------------
+
+def datasource_variable() -> db.DatasourceVariable:
+    return (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+            .description("Prometheus that scrapes the verl exporters"))
+
+
+def query_variable(name: str, label: str, expr: str, *, multi: bool, description: str) -> db.QueryVariable:
+    """A variable filled by ``label_values`` on ``$datasource``; multi-valued ones offer "All" (= any)."""
+    variable = (db.QueryVariable(name).label(label).description(description).query(expr)
+                .datasource(DATASOURCE).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC))
+    if multi:
+        variable = variable.multi(True).include_all(True).all_value(".*")
+    return variable
+
+
+def run_variables(*, multi: bool) -> list[db.QueryVariable]:
+    """``project`` and ``experiment`` (verl's trainer.project_name and trainer.experiment_name)."""
+    project_filter = 'project=~"$project"' if multi else 'project="$project"'
+    return [
+        query_variable("project", "Project", "label_values(verl_training_run_info, project)", multi=multi,
+                       description="verl trainer.project_name"),
+        query_variable("experiment", "Experiment",
+                       f"label_values(verl_training_run_info{{{project_filter}}}, experiment)", multi=multi,
+                       description="verl trainer.experiment_name"),
+    ]
+
+
+# --- panels -----------------------------------------------------------------------------------------
+
+def timeseries_panel(title: str, description: str, unit: str, step_list: list[Threshold],
+                     targets: list[prometheus.Dataquery], *, width: int = 12, height: int = 8,
+                     stacked: bool = False, show_thresholds: bool = True,
+                     min_value: float | None = None, max_value: float | None = None) -> timeseries.Panel:
+    """A time series panel; thresholds are drawn as dashed lines unless ``show_thresholds`` is False."""
+    panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE)
+             .unit(unit).thresholds(thresholds(step_list)).span(width).height(height)
+             .targets(targets).line_width(1).fill_opacity(10 if not stacked else 40).show_points(VisibilityMode.NEVER)
+             .legend(cb.VizLegendOptions().display_mode(LegendDisplayMode.LIST)
+                     .placement(LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(cb.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)))
+    if show_thresholds and len(step_list) > 1:
+        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED))
+    if stacked:
+        panel = panel.stacking(cb.StackingConfig().mode(StackingMode.NORMAL))
+    if min_value is not None:
+        panel = panel.min(min_value)
+    if max_value is not None:
+        panel = panel.max(max_value)
+    return panel
+
+
+def metric_panel(name: str, title: str, selector: str, *, width: int = 6, height: int = 8,
+                 extra: str = "", legend: str | None = None) -> timeseries.Panel:
+    """One catalogued training metric of the selected run(s), described and coloured from the catalog."""
+    entry = spec(name)
+    return timeseries_panel(
+        title, describe(name, extra=extra), unit_of(name), healthy_steps(name),
+        [query(f"{name}{{{selector}}}", legend if legend is not None else entry.key)],
+        width=width, height=height)
+
+
+def stat_panel(title: str, description: str, unit: str, step_list: list[Threshold],
+               targets: list[prometheus.Dataquery], *, width: int = 6, height: int = 4,
+               graph: bool = False) -> stat.Panel:
+    """A single-value panel coloured by its thresholds."""
+    return (stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+            .thresholds(thresholds(step_list)).span(width).height(height).targets(targets)
+            .color_mode(BigValueColorMode.VALUE)
+            .graph_mode(BigValueGraphMode.AREA if graph else BigValueGraphMode.NONE)
+            .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+
+
+# --- dashboards -------------------------------------------------------------------------------------
+
+def new_dashboard(uid: str, title: str, description: str) -> db.Dashboard:
+    """A read-only dashboard (the Python code is its source) linked to the other verl dashboards."""
+    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
+            .refresh(REFRESH).time("now-3h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
+            .link(db.DashboardLink("verl dashboards").type(DashboardLinkType.DASHBOARDS).tags(TAGS)
+                  .as_dropdown(True).include_vars(True).keep_time(True)))
+
+
+def alert_annotation(selector: str) -> db.AnnotationQuery:
+    """Firing alerts of the selected run(s), from Prometheus' ``ALERTS`` series."""
+    return (db.AnnotationQuery().name("Firing alerts").datasource(DATASOURCE).enable(True).hide(False)
+            .icon_color("red").expr(f'ALERTS{{alertstate="firing", {selector}}}'))
+
+
+# Options of Prometheus annotations the SDK's AnnotationQuery has no setters for.
+_ANNOTATION_OPTIONS = {
+    "titleFormat": "{{alertname}}",
+    "textFormat": "{{alertname}} ({{severity}}) on {{project}}/{{experiment}}",
+    "tagKeys": "severity,alertname",
+    "step": "1m",
+    "useValueForTime": False,
+}
+
+
+def to_json(dashboard: db.Dashboard) -> dict:
+    """The dashboard as Grafana's JSON model: panels numbered in order, annotation options filled in."""
+    model = json.loads(json.dumps(dashboard.build(), cls=JSONEncoder))
+    panel_id = 0
+    for panel in model.get("panels", []):
+        for item in [panel] + panel.get("panels", []):
+            panel_id += 1
+            item["id"] = panel_id
+    for annotation in model.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):
+            annotation.update(_ANNOTATION_OPTIONS)
+    return model
+
+
+def render(model: dict) -> str:
+    """The JSON text written to ``grafana/dashboards/`` (stable key order, trailing newline)."""
+    return json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

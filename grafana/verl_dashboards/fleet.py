@@ -1,0 +1,157 @@
+"""Fleet overview: every run in one table, how many are healthy, warning or stalled, and the fleet's GPUs.
+
+A run is *stalled* when its last step is older than ``STALLED_AFTER_SECONDS`` and verl has not
+reported the end of training, or while the VerlTrainingStalled alert fires for it; *warning* when an alert of severity warning or critical fires for it
+(and it is not stalled); *healthy* otherwise. Each table row links to the run detail dashboard.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import table
+from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
+
+from . import run_detail
+from .common import (
+    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUNS, STALLED_AFTER_SECONDS, alert_annotation, datasource_variable,
+    healthy_steps, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
+    thresholds, timeseries_panel, to_json, unit_of,
+)
+
+UID = "verl-fleet"
+TITLE = "verl / Fleet overview"
+BY_RUN = "project, experiment"
+
+RUN_SET = f"group by ({BY_RUN}) (verl_training_run_info{{{RUNS}}})"
+FIRING = f'group by ({BY_RUN}) (ALERTS{{alertstate="firing", severity=~"warning|critical", {RUNS}}})'
+STALLED = (f"group by ({BY_RUN}) ((time() - max by ({BY_RUN}) (verl_training_last_step_timestamp_seconds{{{RUNS}}}))"
+           f" > {STALLED_AFTER_SECONDS}) unless on({BY_RUN}) (max by ({BY_RUN}) (verl_training_finished{{{RUNS}}}) == 1)"
+           f' or group by ({BY_RUN}) (ALERTS{{alertname="VerlTrainingStalled", alertstate="firing", {RUNS}}})')
+
+RUN_LINK = (f"/d/{run_detail.UID}/?${{datasource:queryparam}}&var-project=${{__data.fields.project}}"
+            "&var-experiment=${__data.fields.experiment}&${__url_time_range}")
+
+
+def latest(name: str) -> str:
+    """Latest value of a training metric per run (``max`` folds duplicate scrapes of the same run)."""
+    return f"max by ({BY_RUN}) ({name}{{{RUNS}}})"
+
+
+# Table columns: (header, query, Grafana unit, threshold steps).
+def columns() -> list[tuple[str, str, str, list]]:
+    gpu_util = (f"avg by ({BY_RUN}) (group by (instance, {BY_RUN}) (verl_training_run_info{{{RUNS}}}) "
+                "* on(instance) group_left() avg by (instance) (verl_gpu_utilization_ratio))")
+    alerts = (f'count by ({BY_RUN}) (ALERTS{{alertstate="firing", {RUNS}}}) and on({BY_RUN}) {RUN_SET} '
+              f"or 0 * {RUN_SET}")
+    return [
+        ("Last step", latest("verl_training_last_step"), "none", steps(NEUTRAL)),
+        ("Since last step", f"time() - {latest('verl_training_last_step_timestamp_seconds')}", "s",
+         since_last_step_steps()),
+        ("Score mean", latest("verl_critic_score_mean"), unit_of("verl_critic_score_mean"),
+         healthy_steps("verl_critic_score_mean")),
+        ("KL (ppo_kl)", latest("verl_actor_ppo_kl"), unit_of("verl_actor_ppo_kl"), healthy_steps("verl_actor_ppo_kl")),
+        ("Clip fraction", latest("verl_actor_pg_clipfrac"), unit_of("verl_actor_pg_clipfrac"),
+         healthy_steps("verl_actor_pg_clipfrac")),
+        ("Throughput", latest("verl_perf_throughput"), unit_of("verl_perf_throughput"),
+         healthy_steps("verl_perf_throughput")),
+        ("GPU utilization", gpu_util, "percentunit", steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN))),
+        ("Alerts firing", alerts, "none", steps(GREEN, (1, RED))),
+    ]
+
+
+def runs_table() -> table.Panel:
+    cols = columns()
+    ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
+    description = (
+        "Every run the exporters follow, one row each; click a row to open its run detail dashboard. "
+        "Colours follow the catalog's healthy ranges: "
+        + "; ".join(f"{header}: {spec(name).full_help()}" for header, name in (
+            ("Score mean", "verl_critic_score_mean"), ("KL", "verl_actor_ppo_kl"),
+            ("Clip fraction", "verl_actor_pg_clipfrac"), ("Throughput", "verl_perf_throughput")))
+        + f" Since last step turns red after {STALLED_AFTER_SECONDS} s (stalled).")
+    panel = (table.Panel().title("Runs").description(description).datasource(DATASOURCE).unit("none")
+             .thresholds(thresholds(steps(NEUTRAL))).span(24).height(10)
+             .targets([query(expr, ref_id=ref_id, instant=True, table=True)
+                       for ref_id, (_, expr, _, _) in zip(ref_ids, cols)])
+             .data_links([db.DashboardLink("Open the run").url(RUN_LINK)])
+             .sort_by([cb.TableSortByFieldState().display_name("Since last step").desc(True)])
+             .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"Time": True},
+                 "indexByName": {"project": 0, "experiment": 1,
+                                 **{f"Value #{ref_id}": 2 + index for index, ref_id in enumerate(ref_ids)}},
+                 "renameByName": {f"Value #{ref_id}": header for ref_id, (header, _, _, _) in zip(ref_ids, cols)},
+             })))
+    for header, _, unit, step_list in cols:
+        panel = panel.override_by_name(header, [
+            DynamicConfigValue("unit", unit),
+            DynamicConfigValue("thresholds", thresholds(step_list).build()),
+            DynamicConfigValue("custom.cellOptions", {"type": "color-text"}),
+        ])
+    return panel
+
+
+def count_stats(dash: db.Dashboard) -> None:
+    dash.with_panel(stat_panel(
+        "Runs followed", "Runs the exporters follow (matching the project and experiment filters).", "none",
+        steps(NEUTRAL), [query(f"count({RUN_SET}) or vector(0)", "runs", instant=True)]))
+    dash.with_panel(stat_panel(
+        "Healthy", "Runs without a firing warning or critical alert that are not stalled.", "none",
+        steps(GREEN), [query(f"count({RUN_SET} unless on({BY_RUN}) {FIRING} unless on({BY_RUN}) ({STALLED}))"
+                             " or vector(0)", "healthy", instant=True)]))
+    dash.with_panel(stat_panel(
+        "Warning", "Runs with a firing warning or critical alert (not counting stalled runs).", "none",
+        steps(GREEN, (1, ORANGE)),
+        [query(f"count(({RUN_SET} and on({BY_RUN}) {FIRING}) unless on({BY_RUN}) ({STALLED})) or vector(0)",
+               "warning", instant=True)]))
+    dash.with_panel(stat_panel(
+        "Stalled", f"Runs with no new step for {STALLED_AFTER_SECONDS} s that verl has not reported finished, "
+                   "or for which VerlTrainingStalled fires.",
+        "none", steps(GREEN, (1, RED)), [query(f"count({STALLED}) or vector(0)", "stalled", instant=True)]))
+
+
+def fleet_gpus(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Fleet GPUs"))
+    scope = "All GPUs the exporters see, whichever run uses them."
+    near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
+    dash.with_panel(stat_panel("GPUs up", f"GPUs answering NVML. {scope}", "none", steps(NEUTRAL),
+                               [query("sum(verl_gpu_up)", "GPUs up", instant=True)]))
+    dash.with_panel(stat_panel("GPUs lost", f"GPUs that stopped answering NVML. {scope}", "none",
+                               steps(GREEN, (1, RED)),
+                               [query("count(verl_gpu_up == 0) or vector(0)", "GPUs lost", instant=True)]))
+    dash.with_panel(stat_panel(
+        "Fleet GPU utilization", f"Mean share of time a kernel ran, over all GPUs. {scope}", "percentunit",
+        steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN)),
+        [query("avg(verl_gpu_utilization_ratio)", "utilization", instant=True)], graph=True))
+    dash.with_panel(stat_panel(
+        "Fleet GPU memory used", f"GPU memory in use over total, all GPUs. {scope}", "percentunit",
+        steps(GREEN, (near_total, RED)),
+        [query("sum(verl_gpu_memory_used_bytes) / sum(verl_gpu_memory_total_bytes)", "memory used",
+               instant=True)], graph=True))
+    dash.with_panel(timeseries_panel(
+        "GPU utilization by node", f"Mean GPU utilization of each exporter's node, and of the fleet. {scope}",
+        "percentunit", steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN)),
+        [query("avg by (instance) (verl_gpu_utilization_ratio)", "{{instance}}"),
+         query("avg(verl_gpu_utilization_ratio)", "fleet")], min_value=0, max_value=1))
+    dash.with_panel(timeseries_panel(
+        "GPU memory used by node", f"GPU memory in use over total, per node and for the fleet. {scope}",
+        "percentunit", steps(GREEN, (near_total, RED)),
+        [query("sum by (instance) (verl_gpu_memory_used_bytes) / sum by (instance) (verl_gpu_memory_total_bytes)",
+               "{{instance}}"),
+         query("sum(verl_gpu_memory_used_bytes) / sum(verl_gpu_memory_total_bytes)", "fleet")],
+        min_value=0, max_value=1))
+
+
+def build() -> dict:
+    """The fleet overview dashboard as Grafana JSON."""
+    dash = new_dashboard(UID, TITLE, "Every verl run at a glance; click a run for its details.")
+    dash.with_variable(datasource_variable())
+    for variable in run_variables(multi=True):
+        dash.with_variable(variable)
+    dash.annotation(alert_annotation(RUNS))
+    dash.with_row(db.Row("Runs"))
+    count_stats(dash)
+    dash.with_panel(runs_table())
+    fleet_gpus(dash)
+    return to_json(dash)

@@ -1,0 +1,66 @@
+"""Reading generated dashboards back: panels, queries, variables, and Grafana's variable substitution.
+
+Used by the tests (every query must return data from a real Prometheus) and by ``preview`` (PNG
+renderings of the dashboards for the docs), so both run the queries the way Grafana would.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Grafana's built-in interval variables, with values that suit a Prometheus scraping every few seconds.
+BUILTINS = {
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "5m",
+    "__range_s": "300",
+}
+
+
+def panels(dashboard: dict) -> list[dict]:
+    """Every panel except rows, including panels inside collapsed rows, in layout order."""
+    found = []
+    for panel in dashboard.get("panels", []):
+        if panel.get("type") == "row":
+            found.extend(panel.get("panels", []))
+        else:
+            found.append(panel)
+    return found
+
+
+def targets(dashboard: dict) -> list[tuple[dict, dict]]:
+    """(panel, target) for every query of every panel."""
+    return [(panel, target) for panel in panels(dashboard) for target in panel.get("targets", [])]
+
+
+def variables(dashboard: dict) -> list[dict]:
+    return dashboard.get("templating", {}).get("list", [])
+
+
+def variable_query(variable: dict) -> str:
+    query = variable.get("query", "")
+    return query["query"] if isinstance(query, dict) else query
+
+
+def label_values_query(query: str) -> tuple[str, str]:
+    """``label_values(selector, label)`` -> (selector, label); ValueError for any other variable query."""
+    match = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\s*\)\s*", query, re.S)
+    if not match:
+        raise ValueError(f"unsupported variable query {query!r}")
+    return match.group(1), match.group(2)
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """``expr`` with ``$name``, ``${name}`` and ``[[name]]`` replaced from ``values`` and BUILTINS.
+
+    KeyError names a variable that has no value. ``$1`` (a label_replace group) is left alone.
+    """
+    table = {**BUILTINS, **values}
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        if name not in table:
+            raise KeyError(f"variable ${name} has no value (expr: {expr})")
+        return table[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(__\w+|[a-zA-Z]\w*)|\[\[(\w+)\]\]", replace, expr)

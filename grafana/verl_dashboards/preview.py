@@ -1,0 +1,273 @@
+"""Render each dashboard's panels, with data from a Prometheus, into a PNG that looks like the dashboard.
+
+For readers who want to see the dashboards without running Grafana (the images in docs/img/).
+Every panel's queries run as Grafana would run them (variables filled from their own queries, first
+value), and each panel is drawn at its grid position: time series as lines with threshold lines,
+stats as a coloured number, the fleet table as a table. Needs matplotlib (not a project dependency):
+
+    pip install matplotlib
+    PYTHONPATH=grafana python -m verl_dashboards.preview --prometheus http://127.0.0.1:9090 --out docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.parse
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+from . import build_all
+from .model import label_values_query, panels, substitute, variable_query, variables
+
+COLOURS = {"green": "#73BF69", "orange": "#FF9830", "red": "#F2495C", "text": "#D8D9DA"}
+BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA", "#8E8E8E"
+SERIES = ["#7EB26D", "#EAB839", "#6ED0E0", "#EF843C", "#E24D42", "#1F78C1", "#BA43A9", "#705DA0",
+          "#508642", "#CCA300", "#447EBC", "#C15C17"]
+UNIT_HEIGHT, COLUMN_WIDTH = 0.42, 0.78  # inches per grid unit
+HEADER, PAD = 1.4, 0.08  # grid units above the first row (dashboard title); gap around each panel
+
+
+class Prometheus:
+    """Just enough of Prometheus' HTTP API."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    def get(self, path: str, **params) -> object:
+        query = urllib.parse.urlencode(params, doseq=True)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=30) as response:
+            body = json.load(response)
+        if body.get("status") != "success":
+            raise RuntimeError(f"{path} {params}: {body}")
+        return body["data"]
+
+    def instant(self, expr: str) -> list:
+        return self.get("/api/v1/query", query=expr)["result"]
+
+    def range(self, expr: str, start: float, end: float, step: float) -> list:
+        return self.get("/api/v1/query_range", query=expr, start=start, end=end, step=step)["result"]
+
+
+def fill_variables(prom: Prometheus, dashboard: dict) -> dict[str, str]:
+    """Each variable's first value, from its own query, in dashboard order."""
+    values: dict[str, str] = {}
+    for variable in variables(dashboard):
+        if variable["type"] == "datasource":
+            values[variable["name"]] = "prometheus"
+            continue
+        selector, label = label_values_query(substitute(variable_query(variable), values))
+        found = sorted(prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector}))
+        if variable.get("includeAll") and variable.get("allValue"):
+            values[variable["name"]] = variable["allValue"]
+        elif found:
+            values[variable["name"]] = found[0]
+        else:
+            raise RuntimeError(f"variable {variable['name']} has no values: is Prometheus scraping an exporter?")
+    return values
+
+
+def legend(template: str, labels: dict) -> str:
+    text = template or "{{__name__}}"
+    for key, value in labels.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
+def format_value(value: float, unit: str) -> str:
+    """A value as Grafana would show it in ``unit`` (the units these dashboards use)."""
+    if value != value:
+        return "NaN"
+    if unit == "percentunit":
+        return f"{value:.1%}"
+    if unit == "bytes":
+        for size, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if abs(value) >= size:
+                return f"{value / size:.1f} {name}"
+        return f"{value:.0f} B"
+    if unit == "s":
+        return f"{value / 60:.1f} min" if abs(value) >= 120 else f"{value:.3g} s"
+    if unit == "hertz":
+        return f"{value / 1e9:.2f} GHz" if value >= 1e9 else f"{value / 1e6:.0f} MHz"
+    suffix = {"celsius": " °C", "watt": " W", "ops": " ops/s"}.get(unit, "")
+    if unit.startswith("suffix:"):
+        suffix = " " + unit.split(":", 1)[1].strip()
+    return f"{value:.4g}{suffix}"
+
+
+def colour_for(value: float, steps: list[dict]) -> str:
+    """The colour of the last threshold step ``value`` reaches."""
+    colour = steps[0]["color"] if steps else "text"
+    for step in steps[1:]:
+        if value >= step["value"]:
+            colour = step["color"]
+    return COLOURS.get(colour, colour)
+
+
+def merge_table(results: list[tuple[str, list]]) -> tuple[list[str], list[list]]:
+    """Grafana's "merge" of instant table queries: one row per (project, experiment), a column per query."""
+    rows: dict[tuple, dict] = {}
+    for header, result in results:
+        for series in result:
+            key = (series["metric"].get("project", ""), series["metric"].get("experiment", ""))
+            rows.setdefault(key, {})[header] = float(series["value"][1])
+    headers = ["project", "experiment"] + [header for header, _ in results]
+    return headers, [[*key, *(cells.get(h) for h, _ in results)] for key, cells in sorted(rows.items())]
+
+
+def _field(panel: dict) -> tuple[str, list]:
+    defaults = panel.get("fieldConfig", {}).get("defaults", {})
+    return defaults.get("unit", "none"), defaults.get("thresholds", {}).get("steps", [])
+
+
+def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: float, end: float) -> None:
+    unit, steps = _field(panel)
+    step = max(2.0, (end - start) / 240)
+    colour_index = 0
+    for target in panel["targets"]:
+        for series in prom.range(substitute(target["expr"], values), start, end, step):
+            times = [datetime.fromtimestamp(float(t)) for t, _ in series["values"]]
+            ys = [float(v) for _, v in series["values"]]
+            ax.plot(times, ys, linewidth=1.1, color=SERIES[colour_index % len(SERIES)],
+                    label=legend(target.get("legendFormat", ""), series["metric"]))
+            colour_index += 1
+    if len(steps) > 1:
+        low, high = ax.get_ylim()
+        for threshold in steps[1:]:
+            if low <= threshold["value"] <= high:
+                ax.axhline(threshold["value"], color=COLOURS.get(threshold["color"]), linestyle="--", linewidth=0.8)
+    ax.yaxis.set_major_formatter(lambda value, _: format_value(value, unit))
+    ax.tick_params(colors=MUTED, labelsize=6)
+    ax.grid(color=GRID, linewidth=0.5)
+    ax.xaxis.set_major_formatter(_time_formatter())
+    if colour_index:
+        ax.legend(fontsize=5.5, loc="upper left", ncol=4 if colour_index > 4 else 1, frameon=False,
+                  labelcolor=TEXT, handlelength=1.2)
+        handles = ax.get_legend().legend_handles
+        if len(handles) > 8:  # keep the plot readable: show the first eight entries
+            ax.legend(handles[:8], [h.get_label() for h in handles[:8]], fontsize=5.5, loc="upper left", ncol=4,
+                      frameon=False, labelcolor=TEXT)
+    else:
+        ax.text(0.5, 0.5, "No data", ha="center", va="center", color=MUTED, transform=ax.transAxes)
+
+
+def _time_formatter():
+    from matplotlib.dates import DateFormatter
+
+    return DateFormatter("%H:%M")
+
+
+def draw_stat(ax, panel: dict, prom: Prometheus, values: dict) -> None:
+    unit, steps = _field(panel)
+    result = [s for t in panel["targets"] for s in prom.instant(substitute(t["expr"], values))]
+    ax.axis("off")
+    if not result:
+        ax.text(0.5, 0.45, "No data", ha="center", va="center", color=MUTED, fontsize=12, transform=ax.transAxes)
+        return
+    value = float(result[0]["value"][1])
+    ax.text(0.5, 0.42, format_value(value, unit), ha="center", va="center", fontsize=20, fontweight="bold",
+            color=colour_for(value, steps), transform=ax.transAxes)
+
+
+def draw_table(ax, panel: dict, prom: Prometheus, values: dict) -> None:
+    overrides = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+                 for o in panel["fieldConfig"].get("overrides", [])}
+    rename = next(t["options"]["renameByName"] for t in panel["transformations"] if t["id"] == "organize")
+    results = [(rename[f"Value #{t['refId']}"], prom.instant(substitute(t["expr"], values)))
+               for t in panel["targets"]]
+    headers, rows = merge_table(results)
+    ax.axis("off")
+    cells, colours = [], []
+    for row in rows:
+        cells.append(row[:2] + [format_value(v, overrides[h]["unit"]) if v is not None else "-"
+                                for h, v in zip(headers[2:], row[2:])])
+        colours.append([TEXT, TEXT] + [colour_for(v, overrides[h]["thresholds"]["steps"]) if v is not None else MUTED
+                                       for h, v in zip(headers[2:], row[2:])])
+    table = ax.table(cellText=cells or [["-"] * len(headers)], colLabels=headers, loc="upper center",
+                     cellLoc="left", colLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+    table.scale(1, 1.5)
+    for (row_index, col_index), cell in table.get_celld().items():
+        cell.set_edgecolor(GRID)
+        cell.set_facecolor(PANEL)
+        if row_index == 0:
+            cell.get_text().set_color(MUTED)
+        elif cells:
+            cell.get_text().set_color(colours[row_index - 1][col_index])
+
+
+def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: float) -> None:
+    """Draw every row and panel of ``dashboard`` at its grid position into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = fill_variables(prom, dashboard)
+    end = time.time()
+    start = end - minutes * 60
+    bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
+    height = (bottom + HEADER) * UNIT_HEIGHT
+    fig = plt.figure(figsize=(24 * COLUMN_WIDTH, height), facecolor=BACKGROUND)
+    shown = ", ".join(f"{k}={v}" for k, v in values.items() if k != "datasource")
+    fig.text(0.01, 1 - 0.3 / height, f"{dashboard['title']}    ({shown}; last {minutes:g} min)", color=TEXT,
+             fontsize=12, fontweight="bold", va="center")
+
+    total = bottom + HEADER
+
+    def rect(x: float, y: float, w: float, h: float) -> list[float]:
+        """Grid units (24 columns, y down from the top) -> figure fractions."""
+        return [x / 24, 1 - (y + HEADER + h) / total, w / 24, h / total]
+
+    for item in dashboard["panels"]:
+        if item["type"] == "row":
+            fig.text(item["gridPos"]["x"] / 24 + 0.004, 1 - (item["gridPos"]["y"] + HEADER + 0.7) / total,
+                     item["title"], color=TEXT, fontsize=10, fontweight="bold")
+    for panel in panels(dashboard):
+        x, y, w, h = (panel["gridPos"][k] for k in ("x", "y", "w", "h"))
+        frame = fig.add_axes(rect(x + PAD, y + PAD, w - 2 * PAD, h - 2 * PAD))
+        frame.set_facecolor(PANEL)
+        frame.set_xticks([])
+        frame.set_yticks([])
+        for spine in frame.spines.values():
+            spine.set_color(GRID)
+        frame.text(0.01, 1 - 0.32 / (h - 2 * PAD), panel["title"], color=TEXT, fontsize=8, va="center",
+                   transform=frame.transAxes)
+        graph = panel["type"] == "timeseries"
+        left, bottom_margin = (1.0, 0.5) if graph else (0.15, 0.1)
+        inner = fig.add_axes(rect(x + PAD + left, y + PAD + 0.6, w - 2 * PAD - left - 0.15,
+                                  h - 2 * PAD - 0.6 - bottom_margin))
+        inner.set_facecolor(PANEL)
+        for spine in inner.spines.values():
+            spine.set_visible(False)
+        if panel["type"] == "timeseries":
+            draw_timeseries(inner, panel, prom, values, start, end)
+        elif panel["type"] == "stat":
+            draw_stat(inner, panel, prom, values)
+        elif panel["type"] == "table":
+            draw_table(inner, panel, prom, values)
+    fig.savefig(path, dpi=110, facecolor=BACKGROUND)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verl_dashboards.preview", description=__doc__.splitlines()[0])
+    parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
+    parser.add_argument("--out", type=Path, default=Path("docs/img"), help="directory for the PNG files")
+    parser.add_argument("--minutes", type=float, default=15, help="time range of the graphs")
+    args = parser.parse_args(argv)
+    prom = Prometheus(args.prometheus)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for filename, dashboard in build_all().items():
+        path = args.out / filename.replace(".json", ".png")
+        render_dashboard(dashboard, prom, path, args.minutes)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

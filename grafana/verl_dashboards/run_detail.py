@@ -1,0 +1,207 @@
+"""Run detail: one verl run, laid out after the guide's four recommended panels (section 11.3).
+
+Rows: training progress; policy update (pg_loss, pg_clipfrac, ppo_kl, entropy); critic quality
+(vf_loss, vf_explained_var, vpred_mean vs returns/mean); performance (throughput, MFU, step time);
+then rewards and advantages, lengths and clip ratios, the timing breakdown of a step, validation,
+memory and the run's GPUs. Firing alerts of the run are annotations on every graph.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from .common import (
+    GREEN, NEUTRAL, ORANGE, RED, RUN, alert_annotation, datasource_variable, describe, healthy_steps,
+    metric_panel, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
+    timeseries_panel, to_json, unit_of,
+)
+
+UID = "verl-run"
+TITLE = "verl / Run detail"
+PHASES = ("gen", "ref", "values", "adv", "update_critic", "update_actor")
+GPU_LEGEND = "{{instance}} GPU {{gpu}}"
+GPU_HOT_CELSIUS, GPU_CRITICAL_CELSIUS = 80, 90
+GPU_BUSY_RATIO = 0.5
+
+
+def run_gpus(expr: str) -> str:
+    """``expr`` (a per-GPU series) restricted to the GPUs of the run's exporter (joined on ``instance``)."""
+    return f"({expr}) * on(instance) group_left() group by (instance) (verl_training_run_info{{{RUN}}})"
+
+
+def by_phase(pattern: str) -> str:
+    """The run's timing series matching ``verl_<pattern>`` with the phase name as label ``phase``."""
+    names = "|".join(PHASES)
+    regex = pattern.format(phases=f"({names})")
+    return (f'label_replace({{__name__=~"verl_{regex}", {RUN}}}, "phase", "$1", "__name__", '
+            f'"verl_{pattern.format(phases="(.+)")}")')
+
+
+def several(names: list[str], title: str, *, width: int = 6, extra: str = "", colour_from: str | None = None):
+    """A panel of several catalogued series of the run (same unit), legends are their verl keys."""
+    step_list = healthy_steps(colour_from) if colour_from else steps(NEUTRAL)
+    return timeseries_panel(title, describe(*names, extra=extra), unit_of(names[0]), step_list,
+                            [query(f"{name}{{{RUN}}}", spec(name).key) for name in names], width=width)
+
+
+def progress_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Training progress"))
+    dash.with_panel(several(["verl_critic_score_mean", "verl_critic_score_max", "verl_critic_score_min"],
+                            "Score", width=12, extra="Should rise during training (guide 11.1)."))
+    dash.with_panel(stat_panel(
+        "Last step", "Last training step seen for the run (verl's global step).", "none", steps(NEUTRAL),
+        [query(f"verl_training_last_step{{{RUN}}}", "step", instant=True)], width=4, height=8, graph=False))
+    dash.with_panel(timeseries_panel(
+        "Steps per minute", "Training steps read from the run's log per minute.", "suffix: steps/min",
+        steps(NEUTRAL), [query(f"rate(verl_training_steps_ingested_total{{{RUN}}}[$__rate_interval]) * 60",
+                               "steps/min")], width=4))
+    dash.with_panel(stat_panel(
+        "Time since last step",
+        "Seconds since the run's last step was read. Orange past the slowest healthy step "
+        f"(timing_s/step healthy max), red once the run counts as stalled.", "s", since_last_step_steps(),
+        [query(f"time() - verl_training_last_step_timestamp_seconds{{{RUN}}}", "since last step",
+               instant=True)], width=4, height=8))
+
+
+def policy_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Policy update"))
+    dash.with_panel(metric_panel("verl_actor_pg_loss", "Policy loss (pg_loss)", RUN))
+    dash.with_panel(metric_panel("verl_actor_pg_clipfrac", "Clip fraction (pg_clipfrac)", RUN,
+                                 extra="Above 0.5: updates too aggressive (learning rate too high)."))
+    dash.with_panel(metric_panel("verl_actor_ppo_kl", "Policy change (ppo_kl)", RUN,
+                                 extra="Above 0.05: the policy moves too far per update."))
+    dash.with_panel(metric_panel("verl_actor_entropy", "Entropy", RUN,
+                                 extra="Falling to about 0 quickly means the policy collapsed (explores no more)."))
+    dash.with_panel(metric_panel("verl_actor_grad_norm", "Actor gradient norm", RUN, width=8,
+                                 extra="Pinned at grad_clip means clipping triggers every step."))
+    dash.with_panel(metric_panel("verl_actor_pg_clipfrac_lower", "Dual-clip lower clip fraction", RUN, width=8))
+    dash.with_panel(several(["verl_actor_lr", "verl_critic_lr"], "Learning rates", width=8))
+
+
+def critic_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Critic quality (PPO)"))
+    note = "PPO only: GRPO has no critic."
+    dash.with_panel(metric_panel("verl_critic_vf_loss", "Value loss (vf_loss)", RUN, extra=note))
+    dash.with_panel(metric_panel("verl_critic_vf_explained_var", "Explained variance", RUN,
+                                 extra="Above 0.7 is a good critic; below 0 after warm-up it is not learning."))
+    dash.with_panel(several(["verl_critic_vpred_mean", "verl_critic_returns_mean"], "Predicted value vs returns",
+                            extra="The two lines should converge; a lasting gap means the critic underfits."))
+    dash.with_panel(metric_panel("verl_critic_vf_clipfrac", "Value clip fraction", RUN, extra=note))
+
+
+def performance_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Performance"))
+    dash.with_panel(metric_panel("verl_perf_throughput", "Throughput", RUN, width=8))
+    dash.with_panel(several(["verl_perf_mfu_actor", "verl_perf_mfu_critic"], "Model FLOPs utilisation", width=8,
+                            colour_from="verl_perf_mfu_actor"))
+    dash.with_panel(metric_panel("verl_timing_step_seconds", "Step time", RUN, width=8))
+
+
+def rewards_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Rewards and advantages"))
+    dash.with_panel(several(["verl_critic_rewards_mean", "verl_critic_rewards_max", "verl_critic_rewards_min"],
+                            "Rewards"))
+    dash.with_panel(metric_panel("verl_critic_advantages_mean", "Advantage mean", RUN))
+    max_abs = spec("verl_critic_advantages_max").thresholds["max_abs"]
+    dash.with_panel(timeseries_panel(
+        "Advantage range", describe("verl_critic_advantages_max", "verl_critic_advantages_min",
+                                    extra=f"Red beyond +/-{max_abs:g}: advantages are not normalised."),
+        "none", steps(RED, (-max_abs, GREEN), (max_abs, RED)),
+        [query(f"{name}{{{RUN}}}", spec(name).key)
+         for name in ("verl_critic_advantages_max", "verl_critic_advantages_min")], width=6))
+    dash.with_panel(metric_panel("verl_actor_reward_kl_penalty", "Reward KL penalty", RUN))
+
+
+def lengths_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Lengths and clip ratios"))
+    dash.with_panel(several(["verl_response_length_mean", "verl_response_length_max", "verl_response_length_min"],
+                            "Response length"))
+    dash.with_panel(several(["verl_prompt_length_mean", "verl_prompt_length_max", "verl_prompt_length_min"],
+                            "Prompt length"))
+    dash.with_panel(metric_panel("verl_response_length_clip_ratio", "Truncated responses", RUN,
+                                 extra="High: raise max_response_length."))
+    dash.with_panel(metric_panel("verl_prompt_length_clip_ratio", "Truncated prompts", RUN))
+
+
+def timing_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Step timing"))
+    phases = [f"verl_timing_{phase}_seconds" for phase in PHASES]
+    dash.with_panel(timeseries_panel(
+        "Time per phase", describe(*phases, extra="Stacked: together they make up most of timing_s/step."),
+        "s", steps(NEUTRAL), [query(f"max by (phase) ({by_phase('timing_{phases}_seconds')})", "{{phase}}")],
+        width=12, stacked=True))
+    step_spec = spec("verl_timing_step_seconds")
+    gen_share = step_spec.thresholds["gen_share"]
+    dash.with_panel(timeseries_panel(
+        "Share of the step per phase",
+        f"Each phase's time over timing_s/step. Generation above {gen_share:.0%} of the step is the bottleneck "
+        f"(raise rollout max_num_seqs, adjust tensor parallelism); actor update above "
+        f"{step_spec.thresholds['update_actor_share']:.0%} is one too (guide 11.2, problem 4).",
+        "percentunit", steps(GREEN, (gen_share, RED)),
+        [query(f"max by (phase) ({by_phase('timing_{phases}_seconds')} / ignoring(phase) group_left() "
+               f"verl_timing_step_seconds{{{RUN}}})", "{{phase}}")], width=6, max_value=1))
+    per_token = [f"verl_timing_per_token_{phase}_seconds" for phase in PHASES]
+    dash.with_panel(timeseries_panel(
+        "Time per token", describe(*per_token), "s", steps(NEUTRAL),
+        [query(f"max by (phase) ({by_phase('timing_per_token_{phases}_seconds')})", "{{phase}}")], width=6))
+
+
+def validation_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Validation"))
+    dash.with_panel(timeseries_panel(
+        "Validation scores by data source",
+        describe("verl_val_core", extra="One line per data source, variable and statistic (e.g. acc/mean@1)."),
+        "none", steps(NEUTRAL),
+        [query(f"verl_val_core{{{RUN}}}", "{{data_source}} {{variable}}/{{metric}}")], width=24))
+
+
+def memory_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("Memory"))
+    dash.with_panel(several(["verl_perf_max_memory_allocated_bytes", "verl_perf_max_memory_reserved_bytes"],
+                            "PyTorch peak GPU memory", width=8))
+    near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
+    dash.with_panel(timeseries_panel(
+        "Peak memory share of GPU memory",
+        describe("verl_perf_max_memory_allocated_bytes",
+                 extra=f"Divided by the memory of the run's GPUs. Red above {near_total:.0%}: out of memory is "
+                       "near (halve ppo_mini_batch_size, enable gradient checkpointing or dynamic batch size)."),
+        "percentunit", steps(GREEN, (near_total, RED)),
+        [query(f"max(verl_perf_max_memory_allocated_bytes{{{RUN}}}) / "
+               f"min({run_gpus('verl_gpu_memory_total_bytes')})", "peak allocated / GPU memory")],
+        width=8, min_value=0, max_value=1))
+    dash.with_panel(metric_panel("verl_perf_cpu_memory_used_bytes", "CPU memory of the trainer", RUN, width=8))
+
+
+def gpus_row(dash: db.Dashboard) -> None:
+    dash.with_row(db.Row("GPUs of this run"))
+    join = "Joined to the run on the exporter's instance: one exporter serves one job."
+    dash.with_panel(timeseries_panel(
+        "GPU utilization", f"Share of time a kernel ran on each GPU (NVML). {join}", "percentunit",
+        steps(ORANGE, (GPU_BUSY_RATIO, GREEN)), [query(run_gpus("verl_gpu_utilization_ratio"), GPU_LEGEND)],
+        min_value=0, max_value=1))
+    near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
+    dash.with_panel(timeseries_panel(
+        "GPU memory used", f"GPU memory in use over total, per GPU (NVML). {join}", "percentunit",
+        steps(GREEN, (near_total, RED)),
+        [query(run_gpus("verl_gpu_memory_used_bytes / verl_gpu_memory_total_bytes"), GPU_LEGEND)],
+        min_value=0, max_value=1))
+    dash.with_panel(timeseries_panel(
+        "GPU temperature", f"GPU core temperature. {join}", "celsius",
+        steps(GREEN, (GPU_HOT_CELSIUS, ORANGE), (GPU_CRITICAL_CELSIUS, RED)),
+        [query(run_gpus("verl_gpu_temperature_celsius"), GPU_LEGEND)]))
+    dash.with_panel(timeseries_panel(
+        "GPU power", f"GPU power draw. {join}", "watt", steps(NEUTRAL),
+        [query(run_gpus("verl_gpu_power_watts"), GPU_LEGEND)]))
+
+
+def build() -> dict:
+    """The run detail dashboard as Grafana JSON."""
+    dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.")
+    dash.with_variable(datasource_variable())
+    for variable in run_variables(multi=False):
+        dash.with_variable(variable)
+    dash.annotation(alert_annotation(RUN))
+    for row in (progress_row, policy_row, critic_row, performance_row, rewards_row, lengths_row, timing_row,
+                validation_row, memory_row, gpus_row):
+        row(dash)
+    return to_json(dash)

@@ -1,0 +1,161 @@
+"""docker-compose.yml, the exporter's Dockerfile and Grafana's provisioning agree with the repository.
+
+No Docker engine runs here, so this checks what can be checked for real: the compose file parses,
+every path it mounts exists, its ports match prometheus/prometheus.yml and Grafana's data sources,
+images are pinned, and the exporter's command line is accepted by the exporter's own flag parser.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import re
+
+import pytest
+import yaml
+
+from compose_checks import (
+    container_to_host, image_problems, load_compose, mount_problems, prometheus_targets, published_port_problems,
+    target_problems, url_problems,
+)
+from dashboard_models import REPO
+
+from verl_exporter import config
+
+COMPOSE = load_compose()
+PROMETHEUS_YML = REPO / "prometheus" / "prometheus.yml"
+PROVISIONING = REPO / "grafana" / "provisioning"
+
+
+def prometheus_config() -> dict:
+    if not PROMETHEUS_YML.exists():
+        pytest.fail("prometheus/prometheus.yml is missing; docker-compose.yml mounts it")
+    return yaml.safe_load(PROMETHEUS_YML.read_text())
+
+
+def test_compose_has_the_stack():
+    assert {"exporter", "exporter-gpu", "prometheus", "alertmanager", "grafana"} <= set(COMPOSE["services"])
+    assert COMPOSE["services"]["exporter-gpu"]["profiles"] == ["gpu"]
+    assert "profiles" not in COMPOSE["services"]["exporter"]
+
+
+def test_every_mounted_path_exists():
+    assert mount_problems(COMPOSE) == []
+
+
+def test_a_missing_mount_or_dockerfile_is_reported(tmp_path):
+    broken = copy.deepcopy(COMPOSE)
+    broken["services"]["grafana"]["volumes"].append("./grafana/no-such-folder:/etc/nothing:ro")
+    broken["services"]["exporter"]["build"] = {"context": ".", "dockerfile": "exporter/Dockerfile.missing"}
+    assert mount_problems(broken) == [
+        "exporter builds from a missing Dockerfile",
+        "grafana mounts ./grafana/no-such-folder, which does not exist",
+    ]
+
+
+def test_images_are_pinned_and_every_service_has_a_healthcheck():
+    assert image_problems(COMPOSE) == []
+    broken = copy.deepcopy(COMPOSE)
+    broken["services"]["grafana"]["image"] = "grafana/grafana:latest"
+    del broken["services"]["alertmanager"]["healthcheck"]
+    assert image_problems(broken) == ["alertmanager: no healthcheck", "grafana: image 'grafana/grafana:latest' "
+                                      "is not pinned to a version"]
+
+
+def test_prometheus_targets_are_services_of_the_stack_on_their_ports():
+    prom = prometheus_config()
+    assert target_problems(COMPOSE, prom) == []
+    targets = dict((where.split(" (")[0], target) for where, target in prometheus_targets(COMPOSE, prom))
+    assert targets["job 'verl'"].endswith(":9945") and targets["alerting"].endswith(":9093")
+
+
+def test_a_port_mismatch_is_reported():
+    prom = prometheus_config()
+    broken = copy.deepcopy(COMPOSE)
+    broken["services"]["exporter"]["command"][0] = "--web.listen-address=:9100"
+    broken["services"]["exporter-gpu"]["command"][0] = "--web.listen-address=:9100"
+    assert any("nothing listens on 9945" in p for p in target_problems(broken, prom))
+    alone = copy.deepcopy(COMPOSE)
+    del alone["services"]["alertmanager"]["network_mode"]
+    assert any("nothing listens on 9093" in p for p in target_problems(alone, prom))
+    assert any("nothing listens on 9093" in p for p in published_port_problems(alone))
+
+
+def test_rule_files_of_prometheus_yml_are_mounted():
+    for pattern in prometheus_config().get("rule_files", []):
+        container_path = os.path.normpath(pattern if pattern.startswith("/") else f"/etc/prometheus/{pattern}")
+        host = container_to_host(COMPOSE, "prometheus", container_path)
+        assert host is not None, f"{container_path} is not mounted into prometheus"
+        assert glob.glob(str(host)), f"rule files {pattern} match nothing ({host})"
+
+
+def test_alertmanager_config_and_templates_are_mounted():
+    command = COMPOSE["services"]["alertmanager"]["command"]
+    config_path = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--config.file="))
+    host = container_to_host(COMPOSE, "alertmanager", config_path)
+    assert host == (REPO / "alerts" / "alertmanager.yml").resolve() and host.is_file()
+    am_config = yaml.safe_load(host.read_text())
+    for pattern in am_config.get("templates", []):
+        templates = container_to_host(COMPOSE, "alertmanager", f"/etc/alertmanager/{pattern}")
+        assert templates is not None and glob.glob(str(templates)), pattern
+    secret_files = re.findall(r"_file:\s*(\S+)", host.read_text())
+    for path in secret_files:  # where secrets are read from is mounted (the files themselves are the user's)
+        assert container_to_host(COMPOSE, "alertmanager", path) is not None, path
+
+
+def test_exporter_commands_are_accepted_by_the_exporter():
+    for name in ("exporter", "exporter-gpu"):
+        settings = config.load(COMPOSE["services"][name]["command"])
+        assert settings.web_listen_address == ":9945"
+    demo = config.load(COMPOSE["services"]["exporter"]["command"])
+    assert demo.simulate == "lr-too-high" and demo.gpu_fake == "healthy:8"
+    gpu = COMPOSE["services"]["exporter-gpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert gpu["network_mode"] == COMPOSE["services"]["exporter"]["network_mode"] == "service:prometheus"
+    with pytest.raises(config.ConfigError):
+        config.load(["--web.listen-address=:9945", "--simulate.format=yaml"])
+
+
+def test_grafana_datasources_point_at_the_stack():
+    datasources = yaml.safe_load((PROVISIONING / "datasources" / "verl.yml").read_text())["datasources"]
+    by_type = {d["type"]: d for d in datasources}
+    assert set(by_type) == {"prometheus", "alertmanager"}
+    assert url_problems(COMPOSE, "grafana", [d["url"] for d in datasources]) == []
+    assert url_problems(COMPOSE, "grafana", ["http://localhost:9091"]) != []
+    assert url_problems(COMPOSE, "grafana", ["http://alertmanager:9093"]) != []  # no address of its own
+    # $__rate_interval is right only if Grafana knows Prometheus' scrape interval.
+    scrape_interval = prometheus_config().get("global", {}).get("scrape_interval", "1m")
+    assert by_type["prometheus"]["jsonData"]["timeInterval"] == scrape_interval
+
+
+def test_grafana_loads_the_generated_dashboards():
+    providers = yaml.safe_load((PROVISIONING / "dashboards" / "verl.yml").read_text())["providers"]
+    assert len(providers) == 1 and providers[0]["allowUiUpdates"] is False
+    host = container_to_host(COMPOSE, "grafana", providers[0]["options"]["path"])
+    assert host == (REPO / "grafana" / "dashboards").resolve()
+    assert sorted(p.name for p in host.glob("*.json")) == ["fleet-overview.json", "gpu-nodes.json", "run-detail.json"]
+    home = COMPOSE["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert container_to_host(COMPOSE, "grafana", home).is_file()
+    for kind in ("datasources", "dashboards"):
+        assert container_to_host(COMPOSE, "grafana", f"/etc/grafana/provisioning/{kind}") == (PROVISIONING / kind)
+
+
+def test_published_ports_are_local_and_served():
+    assert published_port_problems(COMPOSE) == []
+    published = {int(p.split(":")[-1]) for p in COMPOSE["services"]["prometheus"]["ports"]}
+    assert published == {9090, 9093, 3000, 9945}
+
+
+def test_exporter_dockerfile():
+    text = (REPO / "exporter" / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11\.\d+-slim-\w+$", text, re.M), "base image not pinned to a patch release"
+    assert re.search(r"^RUN pip install \.", text, re.M)
+    user = re.search(r"^USER (\S+)$", text, re.M)
+    assert user and user.group(1) not in ("root", "0")
+    assert re.search(r"^EXPOSE 9945$", text, re.M)
+    assert "HEALTHCHECK" in text and "/-/healthy" in text
+    ignore = (REPO / "exporter" / "Dockerfile.dockerignore").read_text().split()
+    copied = re.findall(r"^COPY (.+) \S+$", text, re.M)
+    for source in " ".join(copied).split():
+        assert f"!{source}" in ignore and (REPO / source).exists(), f"{source} is not in the build context"

@@ -1,0 +1,152 @@
+"""Every dashboard query returns data from the real exporter through a real Prometheus.
+
+One exporter follows a simulated PPO run with 8 fake GPUs; Debian's Prometheus scrapes it every
+second and evaluates one test alert that fires at once (so ``ALERTS`` has a firing series labelled
+with the run, as the shipped alerts have). Variables are filled the way Grafana fills them: each
+variable's own query runs first and its first value is used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+
+import pytest
+
+from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
+from servers import prom_query, start_exporter, start_prometheus, wait_until
+
+DASHBOARDS = load_dashboards()
+TEST_ALERT_RULES = """
+groups:
+  - name: dashboard-test
+    rules:
+      - alert: VerlDashboardTestAlert
+        expr: verl_training_last_step >= 0
+        labels: {severity: warning}
+        annotations: {summary: "Always firing, so that the ALERTS queries of the dashboards have data"}
+"""
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboard-queries")
+    rules = tmp / "dashboard-test-alerts.yml"
+    rules.write_text(TEST_ALERT_RULES)
+    with start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
+                        str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [rules.name],
+            "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+        }
+        with start_prometheus(tmp, config, rule_files=[rules]) as prom:
+            # Enough scrapes for rate() over $__rate_interval, a validation step, and the test alert firing.
+            wait_until(lambda: prom_query(prom, "count_over_time(verl_gpu_ecc_errors_total[1m]) >= 4"),
+                       timeout=40, message="four scrapes of the exporter")
+            wait_until(lambda: prom_query(prom, "verl_val_core"), timeout=30, message="a validation step")
+            wait_until(lambda: prom_query(prom, 'ALERTS{alertstate="firing"}'), timeout=30,
+                       message="the test alert firing")
+            yield prom
+
+
+def api(prom, path: str, **params) -> list:
+    status, body = prom.get(f"{path}?{urllib.parse.urlencode(params, doseq=True)}")
+    data = json.loads(body)
+    if status != 200 or data.get("status") != "success":
+        raise AssertionError(f"{path} {params} failed: {status} {body[:500]}")
+    return data["data"]
+
+
+def run_query(prom, expr: str, *, instant: bool) -> list:
+    """The result of ``expr`` as Grafana asks for it: instant, or a range over the last minute."""
+    if instant:
+        return api(prom, "/api/v1/query", query=expr)["result"]
+    end = time.time()
+    return api(prom, "/api/v1/query_range", query=expr, start=end - 60, end=end, step=2)["result"]
+
+
+def fill_variables(prom, dashboard: dict) -> dict[str, str]:
+    """Each query variable's values from Prometheus, in dashboard order; the first value is used."""
+    values: dict[str, str] = {}
+    for variable in variables(dashboard):
+        if variable["type"] == "datasource":
+            values[variable["name"]] = "prometheus"
+            continue
+        selector, label = label_values_query(substitute(variable_query(variable), values))
+        found = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector})
+        assert found, f"variable {variable['name']!r} ({variable_query(variable)}) has no values"
+        values[variable["name"]] = sorted(found)[0]
+    return values
+
+
+@pytest.fixture(scope="module")
+def variable_values(prometheus):
+    return {name: fill_variables(prometheus, dashboard) for name, dashboard in DASHBOARDS.items()}
+
+
+def all_queries() -> list:
+    params = []
+    for filename, dashboard in DASHBOARDS.items():
+        for panel in panels(dashboard):
+            for target in panel["targets"]:
+                params.append(pytest.param(filename, panel["title"], target,
+                                           id=f"{filename[:-5]}:{panel['title']}:{target.get('refId', 'A')}"))
+        for annotation in dashboard.get("annotations", {}).get("list", []):
+            if annotation.get("expr"):
+                params.append(pytest.param(filename, "annotation " + annotation["name"],
+                                           {"expr": annotation["expr"]},
+                                           id=f"{filename[:-5]}:annotation:{annotation['name']}"))
+    return params
+
+
+def test_every_variable_has_values(variable_values):
+    assert variable_values["run-detail.json"]["project"] == "demo"
+    assert variable_values["run-detail.json"]["experiment"] == "healthy"
+    assert variable_values["gpu-nodes.json"]["gpu"] == "0"
+
+
+@pytest.mark.parametrize("filename, title, target", all_queries())
+def test_query_returns_data(prometheus, variable_values, filename, title, target):
+    expr = substitute(target["expr"], variable_values[filename])
+    result = run_query(prometheus, expr, instant=target.get("instant", False) and not target.get("range", False))
+    assert result, f"{filename} panel {title!r} returned nothing: {expr}"
+
+
+def test_a_wrong_or_empty_query_fails(prometheus, variable_values):
+    values = variable_values["run-detail.json"]
+    assert run_query(prometheus, substitute('verl_actor_pg_clipfrack{project="$project"}', values), instant=False) == []
+    assert run_query(prometheus, 'verl_actor_pg_clipfrac{project="no-such-project"}', instant=True) == []
+    with pytest.raises(AssertionError, match="bad_data"):
+        run_query(prometheus, "rate(verl_actor_pg_clipfrac{", instant=True)
+    with pytest.raises(KeyError, match="no value"):
+        substitute('verl_gpu_up{instance=~"$node"}', values)
+
+
+def _instant(prom, dashboard: str, title: str, values: dict) -> list:
+    panel = next(p for p in panels(DASHBOARDS[dashboard]) if p["title"] == title)
+    return [series for target in panel["targets"]
+            for series in prom_query(prom, substitute(target["expr"], values))]
+
+
+def test_fleet_counts_and_table_rows(prometheus, variable_values):
+    values = variable_values["fleet-overview.json"]
+    counts = {title: float(_instant(prometheus, "fleet-overview.json", title, values)[0]["value"][1])
+              for title in ("Runs followed", "Healthy", "Warning", "Stalled")}
+    # One run, with the (always firing) warning test alert.
+    assert counts == {"Runs followed": 1, "Healthy": 0, "Warning": 1, "Stalled": 0}
+    # Table queries merge on (project, experiment): each must return exactly those labels, one row per run.
+    table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
+    for target in table["targets"]:
+        result = prom_query(prometheus, substitute(target["expr"], values))
+        assert [sorted(r["metric"]) for r in result] == [["experiment", "project"]], target["expr"]
+
+
+def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):
+    values = variable_values["run-detail.json"]
+    series = _instant(prometheus, "run-detail.json", "GPU utilization", values)
+    assert sorted(int(s["metric"]["gpu"]) for s in series) == list(range(8))
+    share = _instant(prometheus, "run-detail.json", "Share of the step per phase", values)
+    assert {s["metric"]["phase"] for s in share} == {"gen", "ref", "values", "adv", "update_critic", "update_actor"}
+    assert all(0 < float(s["value"][1]) < 1 for s in share)
