@@ -1,0 +1,234 @@
+"""Sources: follow verl's log files and hand each step's values to the store as a Record.
+
+``Source`` reads one path or glob (FileLogger JSONL or console log), ``Ingestor`` polls every
+source on a daemon thread. The store only needs ``ingest(record)`` and
+``parse_error(source, reason)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from verl_exporter.records import ParseError, Record, RunKey
+from verl_exporter.sources.console import (
+    is_finished_line,
+    parse_console_continuation,
+    parse_console_line,
+)
+from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.sources.tail import FileFollower
+
+__all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "jsonl", "console")
+WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest are counted
+
+
+class Store(Protocol):
+    def ingest(self, record: Record) -> None: ...
+
+    def parse_error(self, source: str, reason: str) -> None: ...
+
+
+def format_for(path: str, fmt: str = "auto") -> str:
+    """``jsonl`` or ``console``: ``fmt`` itself unless it is ``auto``, then by the file's extension."""
+    if fmt != "auto":
+        return fmt
+    return "jsonl" if path.lower().endswith((".jsonl", ".json")) else "console"
+
+
+def run_for(path: str, project: str | None = None, experiment: str | None = None) -> RunKey:
+    """The run a file belongs to: the given names, else ``<root>/<project>/<experiment>.jsonl``."""
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return RunKey(project or parent or "default", experiment or stem or "default")
+
+
+@dataclass
+class _FileState:
+    path: str
+    run: RunKey
+    fmt: str
+    last_step: int | None = None
+    after_step: bool = False  # the previous console line was a step line (or its continuation)
+
+
+class Source:
+    """Follows verl log files matching ``pattern`` and ingests one Record per step line.
+
+    Malformed and oversize lines are reported to ``store.parse_error(path, reason)`` and logged
+    (rate limited), never raised: ``poll()`` does not raise.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        store: Store,
+        *,
+        fmt: str = "auto",
+        project: str | None = None,
+        experiment: str | None = None,
+        clock: Callable[[], float] = time.time,
+        max_line_bytes: int = 1 << 20,
+    ) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown log format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        self.pattern = pattern
+        self.store = store
+        self.fmt = fmt
+        self.project = project
+        self.experiment = experiment
+        self.clock = clock
+        self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
+        self._files: dict[str, _FileState] = {}
+        self._warned_at: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    @property
+    def behind(self) -> bool:
+        """True when the last poll stopped before the end of a file (a backlog is being read)."""
+        return self.follower.behind
+
+    def close(self) -> None:
+        self.follower.close()
+
+    def poll(self) -> int:
+        """Read what was written since the last poll; return the number of records ingested."""
+        try:
+            lines = self.follower.poll()
+            oversize = self.follower.take_oversize()
+            now = self.clock()
+        except Exception as exc:  # following must never stop ingestion
+            self._warn(self.pattern, f"cannot follow {self.pattern}: {exc!r}", time.time())
+            return 0
+        for path, size in oversize:
+            limit = self.follower.max_line_bytes
+            self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
+        ingested = 0
+        for path, line in lines:
+            state = self._files.get(path) or self._new_state(path)
+            try:
+                record = self._parse(state, line, now)
+            except ParseError as exc:
+                self._reject(path, str(exc), now)
+                continue
+            except Exception as exc:
+                self._reject(path, f"unreadable line ({type(exc).__name__})", now)
+                continue
+            if record is None:
+                continue
+            try:
+                self.store.ingest(record)
+            except Exception as exc:
+                self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
+                continue
+            ingested += 1
+        return ingested
+
+    def _new_state(self, path: str) -> _FileState:
+        state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt))
+        self._files[path] = state
+        return state
+
+    def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
+        if state.fmt == "jsonl":
+            parsed = parse_jsonl_line(line)
+            if parsed is None:
+                return None
+            state.last_step = parsed[0]
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+
+        after_step, state.after_step = state.after_step, False
+        parsed = parse_console_line(line)
+        if parsed is not None:
+            state.last_step, state.after_step = parsed[0], True
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+        if after_step and state.last_step is not None:
+            values = parse_console_continuation(line)
+            if values:
+                state.after_step = True
+                return Record(state.run, state.last_step, values, now, source=state.path)
+        if is_finished_line(line):
+            step = state.last_step if state.last_step is not None else 0
+            return Record(state.run, step, {}, now, finished=True, source=state.path)
+        return None
+
+    def _reject(self, path: str, reason: str, now: float) -> None:
+        try:
+            self.store.parse_error(path, reason)
+        except Exception as exc:
+            self._warn(path, f"store failed to count a parse error: {exc!r}", now)
+        self._warn(path, f"skipped a line of {path}: {reason}", now)
+
+    def _warn(self, key: str, message: str, now: float) -> None:
+        last = self._warned_at.get(key)
+        if last is not None and 0 <= now - last < WARNING_INTERVAL_S:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        self._warned_at[key] = now
+        more = self._suppressed.pop(key, 0)
+        log.warning("%s%s", message, f" ({more} similar warnings suppressed)" if more else "")
+
+
+class Ingestor:
+    """Polls every source in turn on a daemon thread, every ``interval`` seconds.
+
+    While a source is still reading a backlog it polls again at once. One source failing is
+    logged and does not stop the others.
+    """
+
+    def __init__(self, sources: Iterable[Source], interval: float = 0.5) -> None:
+        self.sources = list(sources)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing: set[int] = set()
+
+    def poll_all(self) -> int:
+        """One synchronous round over every source; return the records ingested."""
+        total = 0
+        for index, source in enumerate(self.sources):
+            try:
+                total += source.poll()
+            except Exception:
+                if index not in self._failing:
+                    self._failing.add(index)
+                    log.exception("polling %s failed", getattr(source, "pattern", source))
+                continue
+            if index in self._failing:
+                self._failing.discard(index)
+                log.warning("polling %s works again", getattr(source, "pattern", source))
+        return total
+
+    def start(self) -> None:
+        """Start the polling thread (no-op if it is running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="verl-exporter-ingest", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to finish its round and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_all()
+            if not any(getattr(source, "behind", False) for source in self.sources):
+                self._stop.wait(self.interval)

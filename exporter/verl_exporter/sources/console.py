@@ -1,0 +1,125 @@
+"""Read verl's console logger output: ``step:N - key:value - key:value ...``.
+
+verl prints one line per step (``concat_dict_to_str``). Older versions format values with three
+decimals (``actor/pg_loss:-0.005``), newer ones print the full repr
+(``actor/ppo_kl:-8.163164312320433e-06``), and under numpy 2 a value may read ``np.float64(0.25)``.
+Ray prefixes worker output with ``(TaskRunner pid=222265) `` and may colour it with ANSI codes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from verl_exporter.records import ParseError
+
+FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
+
+_SEPARATOR = " - "
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_RAY_PREFIX = re.compile(r"\((?:[^()]*?\s)?pid=\d+(?:,[^()]*)?\)\s*")
+_RAY_REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*\Z")
+# The closing parenthesis is optional: _pairs may already have removed it.
+_NUMPY_SCALAR = re.compile(r"(?:np|numpy)\.(?:float|int|uint)\d*\(([^()]*)\)?\Z")
+_NUMPY_PREFIXES = (":np.float64(", ":np.float32(", ":np.int64(", ":np.int32(")
+_BOOLS = {"True": 1.0, "False": 0.0, "np.True_": 1.0, "np.False_": 0.0}
+
+
+def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """``(step, {key: value})`` for a verl step line; None for any other line.
+
+    Raises ParseError for a line that starts with ``step:`` but whose step is not an integer or
+    that has no readable ``key:value`` pair. A single unreadable pair is skipped.
+    """
+    text = _content(line).strip()
+    if not text.startswith("step:"):
+        return None
+    cut = text.find(_SEPARATOR)
+    head = text[5:] if cut < 0 else text[5:cut]
+    try:
+        step = int(head)
+    except ValueError:
+        raise ParseError(f"step is not an integer: {head[:40]!r}") from None
+    values = _pairs(text, skip=1) if cut >= 0 else {}
+    if not values:
+        raise ParseError(f"step {step} has no readable key:value pair")
+    return step, values
+
+
+def parse_console_continuation(line: str) -> dict[str, float] | None:
+    """Values of a wrapped step line's continuation (``       - key:value - key:value``), else None.
+
+    Only meaningful right after a step line: some tools and docs wrap verl's long step lines.
+    """
+    text = _content(line).strip()
+    if not text.startswith("- "):
+        return None
+    return _pairs(text[2:]) or None
+
+
+def is_finished_line(line: str) -> bool:
+    """True for verl's end-of-training line (``Final validation metrics: {...}``)."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    return FINISHED_MARKER in line
+
+
+def _content(line: str) -> str:
+    """What verl printed: no ANSI codes, no tqdm redraws before a carriage return, no Ray decoration."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" in line:
+        line = line.rstrip("\r\n").rpartition("\r")[2]
+    if line.startswith("("):
+        prefix = _RAY_PREFIX.match(line)
+        if prefix:
+            line = line[prefix.end() :]
+    if line.endswith("]") or line.endswith("] "):
+        start = line.rfind("[repeated ")
+        if start >= 0 and _RAY_REPEATED.match(line, start):
+            line = line[:start].rstrip()
+    return line
+
+
+def _pairs(text: str, skip: int = 0) -> dict[str, float]:
+    """``{key: value}`` of ``key:value - key:value ...`` after the first ``skip`` pairs.
+
+    Unreadable pairs are left out.
+    """
+    if ":np." in text and text.count(":") == text.count(_SEPARATOR) + 1:  # no ":" inside keys
+        text = _unwrap_numpy(text)
+    values: dict[str, float] = {}
+    for part in text.split(_SEPARATOR)[skip:]:
+        key, _, raw = part.rpartition(":")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = _special_value(raw.strip())
+            if value is None:
+                continue
+        key = key.strip()
+        if key:
+            values[key] = value
+    return values
+
+
+def _unwrap_numpy(text: str) -> str:
+    """``a:np.float64(0.25) - b:np.int64(3)`` -> ``a:0.25 - b:3``: plain str.replace is far
+    cheaper than a regex substitution here, and other spellings are left to ``_special_value``."""
+    for prefix in _NUMPY_PREFIXES:
+        if prefix in text:
+            text = text.replace(prefix, ":")
+    text = text.replace(") - ", _SEPARATOR)  # a value's closing parenthesis; keys end in ":"
+    return text[:-1] if text.endswith(")") else text
+
+
+def _special_value(raw: str) -> float | None:
+    """``np.float64(0.25)``, ``np.int64(3)``, ``True``: the numeric value, else None."""
+    if raw in _BOOLS:
+        return _BOOLS[raw]
+    wrapped = _NUMPY_SCALAR.match(raw)
+    if wrapped:
+        try:
+            return float(wrapped.group(1))
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,74 @@
+"""Read verl's FileLogger output: one ``{"step": N, "data": {"actor/pg_loss": -0.005, ...}}`` per line.
+
+Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json) or ``null``
+(orjson); a step can have several lines, e.g. validation metrics logged apart from training ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+from verl_exporter.records import ParseError, to_float
+
+_decode = json.JSONDecoder().decode
+_FLOAT = {float}
+_FLOAT_OR_INT = {float, int}
+
+
+def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """``(step, {key: value})`` for one FileLogger line; None for a blank line.
+
+    Raises ParseError for malformed JSON, a missing or non-integer ``step`` or a ``data`` that is
+    not an object. Values that are not numbers (strings, lists, null) are skipped; numeric strings
+    are read as numbers; numbers too large for a float become +/-inf.
+    """
+    if not line or line.isspace():
+        return None
+    try:
+        obj = _decode(line)
+    except ValueError as exc:
+        raise ParseError(f"malformed JSON: {_short(exc)}") from None
+    except RecursionError:
+        raise ParseError("malformed JSON: nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ParseError(f"expected a JSON object, got {type(obj).__name__}")
+    step = obj.get("step")
+    if type(step) is not int:
+        if "step" not in obj:
+            raise ParseError("missing step")
+        raise ParseError(f"step is not an integer: {_brief(step)}")
+    data = obj.get("data")
+    if not isinstance(data, dict):
+        if "data" not in obj:
+            raise ParseError("missing data")
+        raise ParseError(f"data is not an object: {type(data).__name__}")
+
+    kinds = set(map(type, data.values()))
+    if kinds <= _FLOAT:
+        return step, data
+    if kinds <= _FLOAT_OR_INT:
+        try:
+            return step, dict(zip(data, map(float, data.values())))
+        except OverflowError:
+            pass
+    values: dict[str, float] = {}
+    for key, value in data.items():
+        if type(value) is float:
+            values[key] = value
+        elif isinstance(value, (int, str)):
+            try:
+                values[key] = to_float(value)
+            except ParseError:
+                pass
+    return step, values
+
+
+def _brief(value: object) -> str:
+    if value is None or isinstance(value, (str, float, bool)):
+        return repr(value)[:40]
+    return f"a JSON {type(value).__name__}"
+
+
+def _short(exc: ValueError) -> str:
+    message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+    return message[:80]

@@ -1,0 +1,251 @@
+"""Follow log files like ``tail -F``: complete new lines from a path or a glob, without blocking."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass
+class _Handle:
+    """One open file being read: where we are and the tail of a line not yet terminated."""
+
+    path: str
+    fd: int | None  # None while closed for being idle; reopened when the file changes
+    inode: tuple[int, int]
+    offset: int = 0
+    idle_polls: int = 0
+    pending: bytes = b""
+    discarding: bool = False  # inside an oversize line: drop bytes up to the next newline
+    retired: list[_Handle] = field(default_factory=list)  # rotated-away files still to finish
+
+
+class FileFollower:
+    """Complete new lines of every file matching ``pattern`` (a path or a glob), as ``tail -F`` would.
+
+    Files are read from the beginning; a file created later is picked up when it appears. A file
+    that shrinks is read again from 0 (truncation); a path that now names another file (rename and
+    create) first yields the old file's remaining complete lines, then the new file from 0. A last
+    line without its newline stays buffered until the newline arrives. Lines longer than
+    ``max_line_bytes`` are dropped (never held in memory) and listed by ``take_oversize()``.
+    Invalid UTF-8 is decoded with U+FFFD. One ``poll()`` reads at most ``max_poll_bytes`` per file;
+    ``behind`` tells the caller that more is waiting. A file unchanged for ``close_idle_after``
+    polls has its descriptor closed (a glob over many finished runs must not exhaust descriptors)
+    and reopened at the same offset when it grows; if such a file is rotated, lines written to the
+    old file in the meantime are not read.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        *,
+        max_line_bytes: int = 1 << 20,
+        read_chunk: int = 1 << 20,
+        max_poll_bytes: int = 8 << 20,
+        close_idle_after: int = 120,
+    ) -> None:
+        self.pattern = pattern
+        self.max_line_bytes = max_line_bytes
+        self.read_chunk = read_chunk
+        self.max_poll_bytes = max(max_poll_bytes, read_chunk)
+        self.close_idle_after = close_idle_after
+        self.behind = True  # until a poll has read everything that was there
+        self.oversize_lines = 0  # total dropped since start
+        self._oversize: list[tuple[str, int]] = []
+        self._handles: dict[str, _Handle] = {}
+        self._warned: set[str] = set()
+
+    def take_oversize(self) -> list[tuple[str, int]]:
+        """``(path, bytes seen)`` for each line dropped for length since the last call."""
+        dropped, self._oversize = self._oversize, []
+        return dropped
+
+    def close(self) -> None:
+        """Close every open file."""
+        for handle in self._handles.values():
+            for old in handle.retired:
+                _close(old)
+            _close(handle)
+        self._handles.clear()
+
+    def poll(self) -> list[tuple[str, str]]:
+        """``(path, line)`` for every complete line written since the last poll; never raises OSError."""
+        self.behind = False
+        out: list[tuple[str, str]] = []
+        for path in sorted(set(self._matching()) | set(self._handles)):
+            try:
+                self._poll_path(path, out)
+            except OSError as exc:
+                self._warn(path, f"cannot read {path}: {exc.strerror or exc}")
+        return out
+
+    def _matching(self) -> list[str]:
+        if glob.has_magic(self.pattern):
+            return glob.glob(self.pattern, recursive=True)
+        return [self.pattern] if os.path.lexists(self.pattern) else []
+
+    def _poll_path(self, path: str, out: list[tuple[str, str]]) -> None:
+        handle = self._handles.get(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if handle is not None:
+                # Deleted, or renamed with no successor yet: finish what the old file holds.
+                self._warn(path, f"{path} disappeared")
+                queue = handle.retired + ([handle] if handle.fd is not None else [])
+                self._drain(queue, out, self.max_poll_bytes)
+                if queue:
+                    handle.retired = [old for old in queue if old is not handle]
+                else:
+                    del self._handles[path]
+            return
+
+        if handle is not None and handle.fd is None:
+            handle = self._wake(handle, st)
+            if handle is not None and handle.fd is None:
+                return
+        if handle is None or (st.st_dev, st.st_ino) != handle.inode:
+            new = self._open(path, st)
+            if new is None:
+                return
+            if handle is not None:  # rotated: read the old file's remaining lines first
+                new.retired, handle.retired = handle.retired + [handle], []
+            self._handles[path] = handle = new
+
+        budget = self.max_poll_bytes
+        if handle.retired:
+            budget -= self._drain(handle.retired, out, budget)
+            if handle.retired:
+                return
+
+        if st.st_size < handle.offset:  # truncated: start over
+            os.lseek(handle.fd, 0, os.SEEK_SET)
+            handle.offset, handle.pending, handle.discarding = 0, b"", False
+        got = 0
+        if st.st_size > handle.offset:
+            got = self._read(handle, out, min(budget, st.st_size - handle.offset))
+            if st.st_size > handle.offset:
+                self.behind = True
+        self._warned.discard(path)
+        handle.idle_polls = 0 if got else handle.idle_polls + 1
+        if handle.idle_polls >= self.close_idle_after:
+            _close(handle)
+
+    def _wake(self, handle: _Handle, st: os.stat_result) -> _Handle | None:
+        """A closed idle handle: still closed if nothing changed, reopened at its offset if the
+        same file changed, None (start afresh) if the path now names another file."""
+        if (st.st_dev, st.st_ino) != handle.inode:
+            del self._handles[handle.path]
+            return None
+        if st.st_size == handle.offset:
+            return handle
+        fd = os.open(handle.path, _OPEN_FLAGS)
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != handle.inode:  # replaced between stat and open
+            os.close(fd)
+            del self._handles[handle.path]
+            return None
+        os.lseek(fd, handle.offset, os.SEEK_SET)
+        handle.fd, handle.idle_polls = fd, 0
+        return handle
+
+    def _drain(self, queue: list[_Handle], out: list[tuple[str, str]], budget: int) -> int:
+        """Read old files to their end, oldest first, removing each finished one from ``queue``.
+
+        Returns the bytes read. An unfinished file stays at the head of ``queue``.
+        """
+        used = 0
+        while queue:
+            old = queue[0]
+            size = os.fstat(old.fd).st_size
+            used += self._read(old, out, min(budget - used, max(size - old.offset, 0)))
+            if old.offset < size:
+                self.behind = True
+                break
+            _close(queue.pop(0))
+        return used
+
+    def _open(self, path: str, st: os.stat_result) -> _Handle | None:
+        if not stat.S_ISREG(st.st_mode):
+            self._warn(path, f"{path} is not a regular file; skipping it")
+            return None
+        fd = os.open(path, _OPEN_FLAGS)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            self._warn(path, f"{path} is not a regular file; skipping it")
+            return None
+        return _Handle(path, fd, (st.st_dev, st.st_ino))
+
+    def _read(self, handle: _Handle, out: list[tuple[str, str]], limit: int) -> int:
+        """Read up to ``limit`` bytes, appending complete lines to ``out``; return bytes read."""
+        total = 0
+        while total < limit:
+            data = os.read(handle.fd, min(self.read_chunk, limit - total))
+            if not data:
+                break
+            total += len(data)
+            handle.offset += len(data)
+            self._split(handle, data, out)
+        return total
+
+    def _split(self, handle: _Handle, data: bytes, out: list[tuple[str, str]]) -> None:
+        if handle.discarding:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return
+            handle.discarding = False
+            data = data[newline + 1 :]
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            handle.pending += data
+            self._check_pending(handle)
+            return
+        block = handle.pending + data[:cut] if handle.pending else data[:cut]
+        handle.pending = data[cut + 1 :]
+        self._emit(handle.path, block, out)
+        self._check_pending(handle)
+
+    def _check_pending(self, handle: _Handle) -> None:
+        if len(handle.pending) > self.max_line_bytes:
+            self._drop(handle.path, len(handle.pending))
+            handle.pending, handle.discarding = b"", True
+
+    def _emit(self, path: str, block: bytes, out: list[tuple[str, str]]) -> None:
+        limit = self.max_line_bytes
+        if len(block) > limit:
+            raw_lines = block.split(b"\n")
+            if max(map(len, raw_lines)) > limit:
+                for raw in raw_lines:
+                    if len(raw) > limit:
+                        self._drop(path, len(raw))
+                    else:
+                        out.append((path, raw.decode("utf-8", "replace")))
+                return
+        out.extend((path, line) for line in block.decode("utf-8", "replace").split("\n"))
+
+    def _drop(self, path: str, size: int) -> None:
+        self.oversize_lines += 1
+        self._oversize.append((path, size))
+
+    def _warn(self, path: str, message: str) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("%s", message)
+
+
+def _close(handle: _Handle) -> None:
+    if handle.fd is None:
+        return
+    try:
+        os.close(handle.fd)
+    except OSError:
+        pass
+    handle.fd = None
