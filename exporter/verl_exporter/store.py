@@ -7,7 +7,6 @@ per run; what the caps drop is counted. Nothing is removed while the exporter ru
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -66,6 +65,7 @@ class RunStore:
         self._parse_errors: Counter = Counter()
         self._runs_dropped = 0
         self._lock = threading.Lock()
+        self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
@@ -86,19 +86,25 @@ class RunStore:
                 state.steps_ingested += 1
                 state.finished = False
             state.last_step_time = record.time
+            # One tight loop, no call per key: this runs for every key of every logged line.
+            series, entries, cap = state.series, self._entries, self.max_series_per_run
             for key, value in record.values.items():
-                self._set(state, key, value)
+                entry = entries.get(key) or self._entry(key)
+                if entry[0] not in series and len(series) >= cap:
+                    if len(state.dropped_keys) < 100_000:
+                        state.dropped_keys.add(key)
+                    continue
+                if value - value != 0:  # NaN or +/-inf
+                    state.nonfinite[key] += 1
+                series[entry[0]] = (entry[1], value * entry[2])
 
-    def _set(self, state: RunState, key: str, value: float) -> None:
+    def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:
+        """(series key, resolved metric, scale) of a verl key, cached like the catalog's lookups."""
         resolved = self.catalog.resolve(key)
-        series_key = (resolved.spec.name, resolved.label_values)
-        if series_key not in state.series and len(state.series) >= self.max_series_per_run:
-            if len(state.dropped_keys) < 100_000:
-                state.dropped_keys.add(key)
-            return
-        if not math.isfinite(value):
-            state.nonfinite[key] += 1
-        state.series[series_key] = (resolved, value * resolved.spec.scale)
+        entry = ((resolved.spec.name, resolved.label_values), resolved, resolved.spec.scale)
+        if len(self._entries) < 100_000:
+            self._entries[key] = entry
+        return entry
 
     def parse_error(self, source: str, reason: str = "") -> None:
         """Count one line of ``source`` that could not be read."""
