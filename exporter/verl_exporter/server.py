@@ -27,6 +27,18 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def prefer_text_format(accept: str) -> str:
+    """The Accept header without its OpenMetrics types when it also takes the text format.
+
+    Serves the Prometheus text format to Prometheus, as node_exporter does: client_python's
+    OpenMetrics writer escapes every sample name character by character and takes about twice
+    as long for the same samples. A client that accepts only OpenMetrics still gets it.
+    """
+    parts = [part for part in accept.split(",") if part.split(";")[0].strip() != "application/openmetrics-text"]
+    takes_text = any(part.split(";")[0].strip() in ("text/plain", "*/*") for part in parts)
+    return ",".join(parts) if takes_text else accept
+
+
 class ExporterHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
@@ -72,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def _metrics(self) -> None:
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        encoder, content_type = choose_encoder(prefer_text_format(self.headers.get("Accept", "")))
         try:
             body = encoder(self.server.registry)
         except Exception as exc:  # a broken collector must not kill the connection silently
