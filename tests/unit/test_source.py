@@ -269,3 +269,20 @@ def test_ingestor_does_not_wait_while_a_source_is_behind():
         assert backlog.polls == 5  # caught up: now it waits the full interval
     finally:
         ingestor.stop()
+
+
+def test_a_backlog_is_dated_by_the_file_not_by_the_restart(tmp_path):
+    import os
+
+    from verl_exporter.catalog import default_catalog
+    from verl_exporter.store import RunStore
+    from verl_exporter.sources import Source as RealSource
+
+    path = tmp_path / "proj" / "exp.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 7, "data": {"actor/pg_loss": 0.1}}\n')
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    store = RunStore(default_catalog())
+    RealSource(str(path), store, clock=lambda: 1_800_000_000.0).poll()
+    state = store.snapshot().runs[0]
+    assert (state.last_step, state.last_step_time) == (7, 1_700_000_000)

@@ -113,10 +113,13 @@ class Source:
             limit = self.follower.max_line_bytes
             self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
         ingested = 0
+        written_at: dict[str, float] = {}
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
+            if path not in written_at:
+                written_at[path] = _written_at(path, now)
             try:
-                record = self._parse(state, line, now)
+                record = self._parse(state, line, written_at[path])
             except ParseError as exc:
                 self._reject(path, str(exc), now)
                 continue
@@ -176,6 +179,17 @@ class Source:
         self._warned_at[key] = now
         more = self._suppressed.pop(key, 0)
         log.warning("%s%s", message, f" ({more} similar warnings suppressed)" if more else "")
+
+
+def _written_at(path: str, now: float) -> float:
+    """When the lines just read were written, at the latest: the file's mtime, or now.
+
+    A restarted exporter re-reads a file whose last step is hours old; the step clock must say so.
+    """
+    try:
+        return min(now, os.stat(path).st_mtime)
+    except OSError:
+        return now
 
 
 class Ingestor:
