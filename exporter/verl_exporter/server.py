@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
 from . import __version__
 
@@ -84,7 +84,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def _metrics(self) -> None:
-        encoder, content_type = choose_encoder(prefer_text_format(self.headers.get("Accept", "")))
+        try:
+            encoder, content_type = choose_encoder(prefer_text_format(self.headers.get("Accept", "")))
+        except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
+            encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
         try:
             body = encoder(self.server.registry)
         except Exception as exc:  # a broken collector must not kill the connection silently
