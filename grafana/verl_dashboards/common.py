@@ -217,13 +217,16 @@ _ANNOTATION_OPTIONS = {
 
 
 def to_json(dashboard: db.Dashboard) -> dict:
-    """The dashboard as Grafana's JSON model: panels numbered in order, annotation options filled in."""
+    """The dashboard as Grafana's JSON model: panels numbered in order, queries lettered A, B, ... within
+    each panel (where not set), annotation options filled in."""
     model = json.loads(json.dumps(dashboard.build(), cls=JSONEncoder))
     panel_id = 0
     for panel in model.get("panels", []):
         for item in [panel] + panel.get("panels", []):
             panel_id += 1
             item["id"] = panel_id
+            for index, target in enumerate(item.get("targets", [])):
+                target["refId"] = target.get("refId") or chr(ord("A") + index)
     for annotation in model.get("annotations", {}).get("list", []):
         if annotation.get("expr"):
             annotation.update(_ANNOTATION_OPTIONS)

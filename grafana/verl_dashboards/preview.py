@@ -28,6 +28,7 @@ BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA
 SERIES = ["#7EB26D", "#EAB839", "#6ED0E0", "#EF843C", "#E24D42", "#1F78C1", "#BA43A9", "#705DA0",
           "#508642", "#CCA300", "#447EBC", "#C15C17"]
 UNIT_HEIGHT, COLUMN_WIDTH = 0.42, 0.78  # inches per grid unit
+MAX_LEGEND = 6
 HEADER, PAD = 1.4, 0.08  # grid units above the first row (dashboard title); gap around each panel
 
 
@@ -52,21 +53,26 @@ class Prometheus:
         return self.get("/api/v1/query_range", query=expr, start=start, end=end, step=step)["result"]
 
 
-def fill_variables(prom: Prometheus, dashboard: dict) -> dict[str, str]:
-    """Each variable's first value, from its own query, in dashboard order."""
+def fill_variables(prom: Prometheus, dashboard: dict, chosen: dict[str, str] | None = None) -> dict[str, str]:
+    """Each variable's value: ``chosen``, else "All" where offered, else the first value its query returns."""
     values: dict[str, str] = {}
     for variable in variables(dashboard):
+        name = variable["name"]
         if variable["type"] == "datasource":
-            values[variable["name"]] = "prometheus"
+            values[name] = "prometheus"
             continue
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = sorted(prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector}))
-        if variable.get("includeAll") and variable.get("allValue"):
-            values[variable["name"]] = variable["allValue"]
-        elif found:
-            values[variable["name"]] = found[0]
+        if not found:
+            raise RuntimeError(f"variable {name} has no values: is Prometheus scraping an exporter?")
+        if name in (chosen or {}):
+            if chosen[name] not in found:
+                raise RuntimeError(f"{name}={chosen[name]} is not one of {found}")
+            values[name] = chosen[name]
+        elif variable.get("includeAll") and variable.get("allValue"):
+            values[name] = variable["allValue"]
         else:
-            raise RuntimeError(f"variable {variable['name']} has no values: is Prometheus scraping an exporter?")
+            values[name] = found[0]
     return values
 
 
@@ -92,6 +98,8 @@ def format_value(value: float, unit: str) -> str:
         return f"{value / 60:.1f} min" if abs(value) >= 120 else f"{value:.3g} s"
     if unit == "hertz":
         return f"{value / 1e9:.2f} GHz" if value >= 1e9 else f"{value / 1e6:.0f} MHz"
+    if unit == "watt" and abs(value) >= 1000:
+        return f"{value / 1000:.3g} kW"
     suffix = {"celsius": " °C", "watt": " W", "ops": " ops/s"}.get(unit, "")
     if unit.startswith("suffix:"):
         suffix = " " + unit.split(":", 1)[1].strip()
@@ -123,7 +131,8 @@ def _field(panel: dict) -> tuple[str, list]:
     return defaults.get("unit", "none"), defaults.get("thresholds", {}).get("steps", [])
 
 
-def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: float, end: float) -> None:
+def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: float, end: float,
+                    alert_starts: list = ()) -> None:
     unit, steps = _field(panel)
     step = max(2.0, (end - start) / 240)
     colour_index = 0
@@ -144,20 +153,37 @@ def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: floa
     ax.grid(color=GRID, linewidth=0.5)
     ax.xaxis.set_major_formatter(_time_formatter())
     if colour_index:
-        ax.legend(fontsize=5.5, loc="upper left", ncol=4 if colour_index > 4 else 1, frameon=False,
-                  labelcolor=TEXT, handlelength=1.2)
-        handles = ax.get_legend().legend_handles
-        if len(handles) > 8:  # keep the plot readable: show the first eight entries
-            ax.legend(handles[:8], [h.get_label() for h in handles[:8]], fontsize=5.5, loc="upper left", ncol=4,
-                      frameon=False, labelcolor=TEXT)
+        handles, labels = ax.get_legend_handles_labels()
+        if len(handles) > MAX_LEGEND:  # like a crowded Grafana legend: the first entries, then a count
+            handles = handles[:MAX_LEGEND]
+            labels = labels[:MAX_LEGEND - 1] + [f"... {len(labels) - MAX_LEGEND + 1} more"]
+        ax.legend(handles, labels, fontsize=5.5, loc="upper left", ncol=min(3, len(handles)),
+                  frameon=False, labelcolor=TEXT, handlelength=1.2)
     else:
         ax.text(0.5, 0.5, "No data", ha="center", va="center", color=MUTED, transform=ax.transAxes)
+    for moment in alert_starts:
+        ax.axvline(moment, color=COLOURS["red"], linewidth=0.8, alpha=0.7)
 
 
 def _time_formatter():
     from matplotlib.dates import DateFormatter
 
     return DateFormatter("%H:%M")
+
+
+def alert_starts(dashboard: dict, prom: Prometheus, values: dict, start: float, end: float) -> list:
+    """When each firing alert of the dashboard's annotation query began (Grafana draws these as red lines)."""
+    moments = []
+    step = max(5.0, (end - start) / 240)
+    for annotation in dashboard.get("annotations", {}).get("list", []):
+        for series in prom.range(substitute(annotation["expr"], values), start, end, step):
+            previous = None
+            for timestamp, _ in series["values"]:
+                if previous is None or float(timestamp) - previous > step * 1.5:
+                    if float(timestamp) > start + step:  # firing before the range: not a start
+                        moments.append(datetime.fromtimestamp(float(timestamp)))
+                previous = float(timestamp)
+    return moments
 
 
 def draw_stat(ax, panel: dict, prom: Prometheus, values: dict) -> None:
@@ -200,16 +226,18 @@ def draw_table(ax, panel: dict, prom: Prometheus, values: dict) -> None:
             cell.get_text().set_color(colours[row_index - 1][col_index])
 
 
-def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: float) -> None:
+def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: float,
+                     chosen: dict[str, str] | None = None) -> None:
     """Draw every row and panel of ``dashboard`` at its grid position into ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    values = fill_variables(prom, dashboard)
+    values = fill_variables(prom, dashboard, chosen)
     end = time.time()
     start = end - minutes * 60
+    starts = alert_starts(dashboard, prom, values, start, end)
     bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
     height = (bottom + HEADER) * UNIT_HEIGHT
     fig = plt.figure(figsize=(24 * COLUMN_WIDTH, height), facecolor=BACKGROUND)
@@ -245,7 +273,7 @@ def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: flo
         for spine in inner.spines.values():
             spine.set_visible(False)
         if panel["type"] == "timeseries":
-            draw_timeseries(inner, panel, prom, values, start, end)
+            draw_timeseries(inner, panel, prom, values, start, end, starts)
         elif panel["type"] == "stat":
             draw_stat(inner, panel, prom, values)
         elif panel["type"] == "table":
@@ -259,12 +287,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
     parser.add_argument("--out", type=Path, default=Path("docs/img"), help="directory for the PNG files")
     parser.add_argument("--minutes", type=float, default=15, help="time range of the graphs")
+    parser.add_argument("--var", action="append", default=[], metavar="[UID:]NAME=VALUE",
+                        help="value of a variable, on every dashboard or on the one with that uid "
+                             "(default: All where offered, else the first value)")
     args = parser.parse_args(argv)
+    chosen: dict[str, dict[str, str]] = {}
+    for item in args.var:
+        key, value = item.split("=", 1)
+        uid, _, name = key.rpartition(":")
+        chosen.setdefault(uid, {})[name] = value
     prom = Prometheus(args.prometheus)
     args.out.mkdir(parents=True, exist_ok=True)
     for filename, dashboard in build_all().items():
         path = args.out / filename.replace(".json", ".png")
-        render_dashboard(dashboard, prom, path, args.minutes)
+        render_dashboard(dashboard, prom, path, args.minutes, {**chosen.get("", {}), **chosen.get(dashboard["uid"], {})})
         print(f"wrote {path}")
     return 0
 

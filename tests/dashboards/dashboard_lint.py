@@ -73,6 +73,9 @@ def panel_rule(dashboard: dict) -> list[str]:
             problems.append(f"panel {title!r} has thresholds out of order: {values}")
         if not panel.get("targets"):
             problems.append(f"panel {title!r} has no query")
+        ref_ids = [target.get("refId") for target in panel.get("targets", [])]
+        if None in ref_ids or "" in ref_ids or len(set(ref_ids)) != len(ref_ids):
+            problems.append(f"panel {title!r} has missing or repeated query refIds: {ref_ids}")
     return problems
 
 

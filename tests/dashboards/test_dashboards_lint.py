@@ -148,3 +148,10 @@ def test_run_detail_has_the_guides_panels_and_alert_annotations():
     assert rows[:4] == ["Training progress", "Policy update", "Critic quality (PPO)", "Performance"]
     annotation = run["annotations"]["list"][0]
     assert annotation["expr"].startswith('ALERTS{alertstate="firing"') and annotation["titleFormat"]
+
+
+def test_docs_state_each_dashboards_uid_and_panel_count():
+    docs = (DASHBOARDS_DIR.parent.parent / "docs" / "dashboards.md").read_text(encoding="utf-8")
+    for filename, dashboard in DASHBOARDS.items():
+        row = f"| {dashboard['title']} | `{dashboard['uid']}` | `{filename}` | {len(panels(dashboard))} panels |"
+        assert row in docs, f"docs/dashboards.md should have the row: {row}"

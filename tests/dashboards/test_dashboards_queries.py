@@ -67,8 +67,9 @@ def run_query(prom, expr: str, *, instant: bool) -> list:
     return api(prom, "/api/v1/query_range", query=expr, start=end - 60, end=end, step=2)["result"]
 
 
-def fill_variables(prom, dashboard: dict) -> dict[str, str]:
-    """Each query variable's values from Prometheus, in dashboard order; the first value is used."""
+def fill_variables(prom, dashboard: dict, *, pick_all: bool) -> dict[str, str]:
+    """Each query variable's values from Prometheus, in dashboard order; the first value is used, or
+    with ``pick_all`` the "All" value where the variable offers it."""
     values: dict[str, str] = {}
     for variable in variables(dashboard):
         if variable["type"] == "datasource":
@@ -77,45 +78,49 @@ def fill_variables(prom, dashboard: dict) -> dict[str, str]:
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector})
         assert found, f"variable {variable['name']!r} ({variable_query(variable)}) has no values"
-        values[variable["name"]] = sorted(found)[0]
+        all_value = variable.get("allValue") if variable.get("includeAll") else None
+        values[variable["name"]] = all_value if pick_all and all_value else sorted(found)[0]
     return values
 
 
 @pytest.fixture(scope="module")
 def variable_values(prometheus):
-    return {name: fill_variables(prometheus, dashboard) for name, dashboard in DASHBOARDS.items()}
+    """Variable values per dashboard, as picked one by one ("first") or with "All" selected ("all")."""
+    return {(name, mode): fill_variables(prometheus, dashboard, pick_all=mode == "all")
+            for name, dashboard in DASHBOARDS.items() for mode in ("first", "all")}
 
 
 def all_queries() -> list:
+    """(dashboard, variable mode, panel title, target) for every query; "all" only where "All" exists."""
     params = []
     for filename, dashboard in DASHBOARDS.items():
-        for panel in panels(dashboard):
-            for target in panel["targets"]:
-                params.append(pytest.param(filename, panel["title"], target,
-                                           id=f"{filename[:-5]}:{panel['title']}:{target.get('refId', 'A')}"))
-        for annotation in dashboard.get("annotations", {}).get("list", []):
-            if annotation.get("expr"):
-                params.append(pytest.param(filename, "annotation " + annotation["name"],
-                                           {"expr": annotation["expr"]},
-                                           id=f"{filename[:-5]}:annotation:{annotation['name']}"))
+        found = [(panel["title"], target) for panel in panels(dashboard) for target in panel["targets"]]
+        found += [("annotation " + a["name"], {"expr": a["expr"]})
+                  for a in dashboard.get("annotations", {}).get("list", []) if a.get("expr")]
+        modes = ["first"] + (["all"] if any(v.get("includeAll") for v in variables(dashboard)) else [])
+        for mode in modes:
+            params += [pytest.param(filename, mode, title, target,
+                                    id=f"{filename[:-5]}:{mode}:{title}:{target.get('refId', 'A')}")
+                       for title, target in found]
     return params
 
 
 def test_every_variable_has_values(variable_values):
-    assert variable_values["run-detail.json"]["project"] == "demo"
-    assert variable_values["run-detail.json"]["experiment"] == "healthy"
-    assert variable_values["gpu-nodes.json"]["gpu"] == "0"
+    assert variable_values["run-detail.json", "first"]["project"] == "demo"
+    assert variable_values["run-detail.json", "first"]["experiment"] == "healthy"
+    assert variable_values["gpu-nodes.json", "first"]["gpu"] == "0"
+    assert variable_values["gpu-nodes.json", "all"]["gpu"] == ".*"
 
 
-@pytest.mark.parametrize("filename, title, target", all_queries())
-def test_query_returns_data(prometheus, variable_values, filename, title, target):
-    expr = substitute(target["expr"], variable_values[filename])
+@pytest.mark.parametrize("filename, mode, title, target", all_queries())
+def test_query_returns_data(prometheus, variable_values, filename, mode, title, target):
+    expr = substitute(target["expr"], variable_values[filename, mode])
     result = run_query(prometheus, expr, instant=target.get("instant", False) and not target.get("range", False))
     assert result, f"{filename} panel {title!r} returned nothing: {expr}"
 
 
 def test_a_wrong_or_empty_query_fails(prometheus, variable_values):
-    values = variable_values["run-detail.json"]
+    values = variable_values["run-detail.json", "first"]
     assert run_query(prometheus, substitute('verl_actor_pg_clipfrack{project="$project"}', values), instant=False) == []
     assert run_query(prometheus, 'verl_actor_pg_clipfrac{project="no-such-project"}', instant=True) == []
     with pytest.raises(AssertionError, match="bad_data"):
@@ -131,7 +136,7 @@ def _instant(prom, dashboard: str, title: str, values: dict) -> list:
 
 
 def test_fleet_counts_and_table_rows(prometheus, variable_values):
-    values = variable_values["fleet-overview.json"]
+    values = variable_values["fleet-overview.json", "all"]
     counts = {title: float(_instant(prometheus, "fleet-overview.json", title, values)[0]["value"][1])
               for title in ("Runs followed", "Healthy", "Warning", "Stalled")}
     # One run, with the (always firing) warning test alert.
@@ -144,7 +149,7 @@ def test_fleet_counts_and_table_rows(prometheus, variable_values):
 
 
 def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):
-    values = variable_values["run-detail.json"]
+    values = variable_values["run-detail.json", "first"]
     series = _instant(prometheus, "run-detail.json", "GPU utilization", values)
     assert sorted(int(s["metric"]["gpu"]) for s in series) == list(range(8))
     share = _instant(prometheus, "run-detail.json", "Share of the step per phase", values)
