@@ -34,6 +34,7 @@ RESERVED_NAMES = frozenset({
     "verl_training_finished",
     "verl_training_runs",
     "verl_training_runs_dropped_total",
+    "verl_gpus",  # the GPU collector's count
 })
 
 # verl key shapes that carry a unit, and how to convert them to base units.
@@ -64,7 +65,8 @@ def default_name(key: str) -> tuple[str, float]:
         if match:
             return PREFIX + re.sub(r"_+", "_", sanitize(template.format(match.group(1))) + suffix), scale
     name = PREFIX + (sanitize(key) or "unnamed")
-    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES:
+    # A counter's family is named without "_total": a gauge of that name would clash with it.
+    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES or name + "_total" in RESERVED_NAMES:
         name = PREFIX + "logged_" + name[len(PREFIX):]
     if name.endswith(_RESERVED_SUFFIXES):
         name += "_value"
@@ -174,6 +176,8 @@ class Catalog:
             if match:
                 return Resolved(family, tuple(match.group(name) for name in family.label_names))
         name, scale = default_name(key)
+        if any(name == family.name for _, family in self.families):  # e.g. "val_core": not the family
+            name = PREFIX + "logged_" + name[len(PREFIX):]
         return Resolved(MetricSpec(key=key, name=name, help="(not in the catalog)", scale=scale, known=False))
 
 
