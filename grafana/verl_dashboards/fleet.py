@@ -63,13 +63,13 @@ def columns() -> list[tuple[str, str, str, list]]:
 def runs_table() -> table.Panel:
     cols = columns()
     ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
-    description = (
-        "Every run the exporters follow, one row each; click a row to open its run detail dashboard. "
-        "Colours follow the catalog's healthy ranges: "
-        + "; ".join(f"{header}: {spec(name).full_help()}" for header, name in (
-            ("Score mean", "verl_critic_score_mean"), ("KL", "verl_actor_ppo_kl"),
-            ("Clip fraction", "verl_actor_pg_clipfrac"), ("Throughput", "verl_perf_throughput")))
-        + f" Since last step turns red after {STALLED_AFTER_SECONDS} s (stalled).")
+    description = " ".join([
+        "Every run the exporters follow, one row each; click a row to open its run detail dashboard.",
+        "Colours follow the catalog's healthy ranges:",
+        *(spec(name).full_help() for name in ("verl_actor_ppo_kl", "verl_actor_pg_clipfrac", "verl_perf_throughput")),
+        f"Since last step turns orange after a slow step and red after {STALLED_AFTER_SECONDS} s (stalled);",
+        "GPU utilization is the mean of the run's GPUs, joined on the exporter's instance.",
+    ])
     panel = (table.Panel().title("Runs").description(description).datasource(DATASOURCE).unit("none")
              .thresholds(thresholds(steps(NEUTRAL))).span(24).height(10)
              .targets([query(expr, ref_id=ref_id, instant=True, table=True)
