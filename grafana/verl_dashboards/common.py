@@ -151,7 +151,8 @@ def timeseries_panel(title: str, description: str, unit: str, step_list: list[Th
                      targets: list[prometheus.Dataquery], *, width: int = 12, height: int = 8,
                      stacked: bool = False, show_thresholds: bool = True,
                      min_value: float | None = None, max_value: float | None = None) -> timeseries.Panel:
-    """A time series panel; thresholds are drawn as dashed lines unless ``show_thresholds`` is False."""
+    """A time series panel; thresholds are drawn as dashed lines over faintly coloured bands (so a line in
+    the red band reads as unhealthy at a glance) unless ``show_thresholds`` is False."""
     panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE)
              .unit(unit).thresholds(thresholds(step_list)).span(width).height(height)
              .targets(targets).line_width(1).fill_opacity(10 if not stacked else 40).show_points(VisibilityMode.NEVER)
@@ -159,7 +160,7 @@ def timeseries_panel(title: str, description: str, unit: str, step_list: list[Th
                      .placement(LegendPlacement.BOTTOM).show_legend(True))
              .tooltip(cb.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)))
     if show_thresholds and len(step_list) > 1:
-        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED))
+        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED_AND_AREA))
     if stacked:
         panel = panel.stacking(cb.StackingConfig().mode(StackingMode.NORMAL))
     if min_value is not None:

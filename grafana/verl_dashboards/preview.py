@@ -143,11 +143,16 @@ def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: floa
             ax.plot(times, ys, linewidth=1.1, color=SERIES[colour_index % len(SERIES)],
                     label=legend(target.get("legendFormat", ""), series["metric"]))
             colour_index += 1
-    if len(steps) > 1:
+    if len(steps) > 1 and colour_index:  # Grafana's "dashed+area": lines at thresholds, bands coloured faintly
         low, high = ax.get_ylim()
-        for threshold in steps[1:]:
-            if low <= threshold["value"] <= high:
-                ax.axhline(threshold["value"], color=COLOURS.get(threshold["color"]), linestyle="--", linewidth=0.8)
+        bounds = [low] + [min(max(t["value"], low), high) for t in steps[1:]] + [high]
+        for index, threshold in enumerate(steps):
+            colour = COLOURS.get(threshold["color"], threshold["color"])
+            if bounds[index + 1] > bounds[index]:
+                ax.axhspan(bounds[index], bounds[index + 1], color=colour, alpha=0.12, linewidth=0)
+            if index and low < threshold["value"] < high:
+                ax.axhline(threshold["value"], color=colour, linestyle="--", linewidth=0.8)
+        ax.set_ylim(low, high)
     ax.yaxis.set_major_formatter(lambda value, _: format_value(value, unit))
     ax.tick_params(colors=MUTED, labelsize=6)
     ax.grid(color=GRID, linewidth=0.5)
