@@ -1,0 +1,152 @@
+"""Scale of the rules: a real Prometheus with the shipped rule files, scraping N simulated runs.
+
+One exporter follows a glob of N JSONL run files (scenarios in turn, so some alerts fire), with 8
+fake GPUs. Prometheus scrapes it and evaluates every shipped rule group. Reported per N: the
+summed and the slowest rule-group evaluation time (``prometheus_rule_group_last_duration_seconds``,
+median over several evaluations), the scrape duration, the series each run adds and the series
+the recording rules create. The shipped rule files are the YAML files with a ``groups:`` list
+under ``alerts/`` and ``prometheus/``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from itertools import takewhile
+from pathlib import Path
+
+import yaml
+
+from common import REPO, BenchmarkError, Result, Row, metrics_text, sample_values, scrape, summary, wait_for
+
+NAME = "rules"
+RULE_FOLDERS = ("alerts", "prometheus")
+
+
+def shipped_rule_files() -> list[Path]:
+    """YAML files under alerts/ and prometheus/ that are Prometheus rule files (have ``groups``)."""
+    found = []
+    for folder in RULE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.y*ml")):
+            if "test" in path.stem:
+                continue
+            try:
+                data = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("groups"), list):
+                found.append(path)
+    return found
+
+
+def write_runs(folder: Path, runs: int, steps: int) -> None:
+    """``runs`` JSONL files in 10 projects, ``steps`` steps each, scenarios in turn."""
+    from verl_exporter import simulate
+
+    scenarios = list(simulate.SCENARIOS)
+    for index in range(runs):
+        path = folder / f"project-{index % 10}" / f"run-{index:04d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scenario = scenarios[index % len(scenarios)]
+        items = simulate.generate_steps(scenario, seed=index, stall_after=steps)
+        lines = [simulate.format_jsonl(step, values) for step, values in takewhile(lambda item: item[0] <= steps, items)]
+        path.write_text("".join(line + "\n" for line in lines))
+
+
+def _prometheus_metric(url: str, name: str) -> dict[str, float]:
+    """``{rule_group: value}`` of one Prometheus self-metric, read from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body, _ = scrape(url + "/metrics")
+    if status != 200:
+        raise BenchmarkError(f"prometheus /metrics answered {status}")
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                found[sample.labels.get("rule_group", "")] = sample.value
+    return found
+
+
+def _query_scalar(prometheus, expr: str) -> float:
+    from servers import prom_query
+
+    result = prom_query(prometheus, expr)
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def measure(work: Path, runs: int, rule_files: list[Path], *, steps: int, interval: float,
+            evaluations: int) -> dict:
+    from servers import start_exporter, start_prometheus
+
+    folder = work / f"runs-{runs}"
+    write_runs(folder, runs, steps)
+    with start_exporter(work, "--source", str(folder / "*" / "*.jsonl"), "--gpu.fake", "healthy:8",
+                        "--store.max-runs", str(max(runs, 1000))) as exporter:
+        wait_for(lambda: [value for _, value in sample_values(metrics_text(exporter.url), "verl_training_runs")] == [runs],
+                 timeout=120, interval=0.5, what=f"{runs} runs in the exporter")
+        config = {
+            "global": {"scrape_interval": f"{interval:g}s", "evaluation_interval": f"{interval:g}s",
+                       "scrape_timeout": f"{interval:g}s"},
+            "rule_files": [path.name for path in rule_files],
+            "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [exporter.url[7:]]}]}],
+        }
+        with start_prometheus(work, json.dumps(config), rule_files=rule_files) as prometheus:
+            wait_for(lambda: _query_scalar(prometheus, 'count(verl_training_last_step)') == runs,
+                     timeout=60 + 5 * interval, interval=0.5, what="Prometheus to scrape every run")
+            groups = set(_prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total"))
+            durations: dict[str, list[float]] = {group: [] for group in groups}
+            seen_iterations: dict[str, float] = {}
+            deadline = time.monotonic() + (evaluations + 3) * interval + 30
+            while any(len(values) < evaluations for values in durations.values()):
+                if time.monotonic() > deadline:
+                    raise BenchmarkError(f"rule groups did not evaluate {evaluations} times in time")
+                iterations = _prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total")
+                last = _prometheus_metric(prometheus.url, "prometheus_rule_group_last_duration_seconds")
+                for group in durations:
+                    if iterations.get(group, 0) > seen_iterations.get(group, 0):
+                        seen_iterations[group] = iterations[group]
+                        durations[group].append(last.get(group, float("nan")))
+                time.sleep(interval / 2)
+            figures = {
+                "runs": runs,
+                "run_series": _query_scalar(prometheus, 'count({__name__=~"verl_[^:]+", experiment!=""})'),
+                "all_series_scraped": _query_scalar(prometheus, 'scrape_samples_scraped{job="verl"}'),
+                "recorded_series": _query_scalar(prometheus, 'count({__name__=~".+:.+"})'),
+                "alerts": _query_scalar(prometheus, 'count(ALERTS{alertstate="firing"})'),
+                "scrape_seconds": _query_scalar(prometheus, 'scrape_duration_seconds{job="verl"}'),
+                "groups": {group: summary(values) for group, values in sorted(durations.items())},
+            }
+    medians = [stats["median"] for stats in figures["groups"].values()]
+    figures["rule_eval_seconds_total"] = sum(medians)
+    figures["rule_eval_seconds_slowest_group"] = max(medians, default=0.0)
+    figures["series_per_run"] = figures["run_series"] / runs
+    return figures
+
+
+def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations: int) -> Result:
+    rule_files = shipped_rule_files()
+    notes = [f"rule files: {', '.join(str(p.relative_to(REPO)) for p in rule_files) or 'none found'}"]
+    figures = {"rule_files": [str(p.relative_to(REPO)) for p in rule_files], "by_runs": {}}
+    rows = []
+    for count in runs:
+        result = measure(work, count, rule_files, steps=steps, interval=interval, evaluations=evaluations)
+        figures["by_runs"][str(count)] = result
+        rows += [
+            Row(f"{count} runs: rule evaluation, all groups", result["rule_eval_seconds_total"] * 1000, "ms"),
+            Row(f"{count} runs: slowest group", result["rule_eval_seconds_slowest_group"] * 1000, "ms"),
+            Row(f"{count} runs: series per run", result["series_per_run"], "series"),
+            Row(f"{count} runs: recorded series", result["recorded_series"], "series"),
+            Row(f"{count} runs: firing alerts", result["alerts"], "alerts"),
+            Row(f"{count} runs: scrape duration", result["scrape_seconds"] * 1000, "ms"),
+        ]
+    if len(runs) >= 2:
+        first, last = str(runs[0]), str(runs[-1])
+        by = figures["by_runs"]
+        growth = by[last]["rule_eval_seconds_total"] / by[first]["rule_eval_seconds_total"] \
+            if by[first]["rule_eval_seconds_total"] else float("nan")
+        figures["rule_eval_growth"] = growth
+        rows.append(Row(f"rule evaluation {last} runs / {first} runs", growth, "x",
+                        f"runs grew {int(last) / int(first):g}x"))
+    params = {"runs": runs, "steps_per_run": steps, "interval_s": interval, "evaluations": evaluations, "gpus": 8}
+    return Result(NAME, params, figures, rows, notes)

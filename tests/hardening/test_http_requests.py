@@ -1,0 +1,166 @@
+"""Malformed, slow and oversized HTTP requests to every endpoint: a clear error status, never a crash."""
+
+import socket
+import threading
+
+import pytest
+
+from hardening_helpers import jsonl, metrics_when, raw_request, value
+from servers import start_exporter, wait_until
+
+ENDPOINTS = ["/metrics", "/-/healthy", "/-/ready", "/", "/no-such-page"]
+GOOD_STATUS = {"/metrics": 200, "/-/healthy": 200, "/-/ready": 200, "/": 200, "/no-such-page": 404}
+
+
+@pytest.fixture(scope="module")
+def exporter(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("http")
+    run_file = tmp_path / "gsm8k" / "ppo.jsonl"
+    run_file.parent.mkdir()
+    run_file.write_text(jsonl(1, {"actor/pg_clipfrac": 0.1}))
+    with start_exporter(tmp_path, "--source", str(run_file), "--gpu.fake", "healthy:2",
+                        "--no-collector.host") as server:
+        metrics_when(server, lambda text: value(text, "verl_training_last_step") == 1, "step 1")
+        yield server
+        assert server.process.poll() is None, f"the exporter died:\n{server.log()}"
+
+
+def status_line(reply: bytes) -> bytes:
+    return reply.split(b"\r\n", 1)[0]
+
+
+def still_serving(server) -> None:
+    for path in ("/-/healthy", "/metrics"):
+        status, _ = server.get(path)
+        assert status == 200, f"{path} answered {status} after a bad request:\n{server.log()[-3000:]}"
+
+
+BAD_REQUESTS = {
+    # name: (request template with {path}, the status line's expected code)
+    "unsupported method": (b"POST {path} HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", b"501"),
+    "delete": (b"DELETE {path} HTTP/1.1\r\n\r\n", b"501"),
+    "70 kB request line": (b"GET {path}?" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", b"414"),
+    "70 kB header": (b"GET {path} HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),
+    "200 headers": (b"GET {path} HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n", b"431"),
+    "unknown HTTP version": (b"GET {path} HTTP/9.9\r\n\r\n", b"505"),
+    "not HTTP at all": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 {path}\r\n\r\n", b"400"),
+}
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_requests_get_an_error_status_and_the_server_keeps_serving(exporter, path, case):
+    template, code = BAD_REQUESTS[case]
+    reply = raw_request(exporter.port, template.replace(b"{path}", path.encode()))
+    # Errors on requests that are not even HTTP/1.x are written without a status line, the way
+    # http.server answers HTTP/0.9; the code is then in the error page.
+    assert code in (status_line(reply) if reply.startswith(b"HTTP/") else reply), reply[:300]
+    still_serving(exporter)
+
+
+ODD_BUT_VALID = {
+    "invalid UTF-8 in the path": b"GET {path}\xff\xfe HTTP/1.1\r\n\r\n",
+    "NUL in the path": b"GET {path}\x00x HTTP/1.1\r\n\r\n",
+    "query string with bad percent-escapes": b"GET {path}?x=%ff%zz HTTP/1.1\r\n\r\n",
+    "huge Content-Length on a GET": b"GET {path} HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n",
+    "unparsable Accept version": b"GET {path} HTTP/1.1\r\nAccept: application/openmetrics-text; version=garbage\r\n\r\n",
+    "unparsable text/plain version": b"GET {path} HTTP/1.1\r\nAccept: text/plain; version=abc\r\n\r\n",
+    "Accept full of commas": b"GET {path} HTTP/1.1\r\nAccept: " + b",;=" * 5000 + b"\r\n\r\n",
+    "HEAD": b"HEAD {path} HTTP/1.1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+@pytest.mark.parametrize("case", ODD_BUT_VALID)
+def test_odd_requests_get_an_answer(exporter, path, case):
+    reply = raw_request(exporter.port, ODD_BUT_VALID[case].replace(b"{path}", path.encode()))
+    assert reply.startswith(b"HTTP/1.0 "), f"no HTTP answer to {case}: {reply[:200]!r}"
+    code = int(status_line(reply).split()[1])
+    # The odd bytes make every path but the plain ones unknown; the server must still answer.
+    expected = GOOD_STATUS[path] if case not in ("invalid UTF-8 in the path", "NUL in the path") else 404
+    assert code == expected, reply[:300]
+    still_serving(exporter)
+
+
+def test_metrics_negotiation(exporter):
+    """Prometheus' Accept header gets the text format, an OpenMetrics-only client gets OpenMetrics."""
+    prometheus_accept = (b"application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                         b"q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    reply = raw_request(exporter.port, b"GET /metrics HTTP/1.1\r\nAccept: " + prometheus_accept + b"\r\n\r\n")
+    assert b"Content-Type: text/plain; version=0.0.4" in reply and not reply.rstrip().endswith(b"# EOF")
+    reply = raw_request(exporter.port,
+                        b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n")
+    assert b"Content-Type: application/openmetrics-text" in reply and reply.rstrip().endswith(b"# EOF")
+
+
+def test_slow_clients_do_not_block_others(exporter):
+    """Clients that send half a request and wait, or never read the answer, hold only their own thread."""
+    slow = []
+    try:
+        for index in range(30):
+            sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=10)
+            sock.sendall(b"GET /metr" if index % 2 else b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n")
+            slow.append(sock)
+        for _ in range(2):
+            reader = socket.create_connection(("127.0.0.1", exporter.port), timeout=10)
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            reader.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never reads the reply
+            slow.append(reader)
+        for path in ENDPOINTS:
+            assert exporter.get(path)[0] == GOOD_STATUS[path]
+    finally:
+        for sock in slow:
+            sock.close()
+    still_serving(exporter)
+
+
+def test_a_stalled_request_is_dropped_after_the_request_timeout(monkeypatch):
+    """In-process, with a short timeout: the slow connection is closed, the server answers others."""
+    from prometheus_client import CollectorRegistry
+
+    from verl_exporter import server as server_module
+
+    monkeypatch.setattr(server_module._Handler, "timeout", 0.3)
+    http, _ = server_module.serve(("127.0.0.1", 0), CollectorRegistry())
+    try:
+        port = http.server_address[1]
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"GET /metr")
+        closed = threading.Event()
+
+        def wait_for_close():
+            try:
+                while sock.recv(1024):
+                    pass
+            except OSError:
+                pass
+            closed.set()
+
+        threading.Thread(target=wait_for_close, daemon=True).start()
+        wait_until(closed.is_set, timeout=10, message="the server to drop a stalled request")
+        reply = raw_request(port, b"GET /-/healthy HTTP/1.1\r\n\r\n")
+        assert status_line(reply) == b"HTTP/1.0 200 OK"
+        sock.close()
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def test_many_connections_at_once(exporter):
+    """More simultaneous connections than the listen backlog: every one is answered."""
+    results = []
+
+    def one():
+        try:
+            results.append(raw_request(exporter.port, b"GET /-/healthy HTTP/1.1\r\n\r\n"))
+        except OSError as exc:
+            results.append(repr(exc).encode())
+
+    threads = [threading.Thread(target=one) for _ in range(200)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 200
+    assert all(status_line(reply) == b"HTTP/1.0 200 OK" for reply in results), \
+        [reply[:80] for reply in results if not reply.startswith(b"HTTP/1.0 200")][:5]
