@@ -285,6 +285,16 @@ def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: flo
             draw_table(inner, panel, prom, values)
     fig.savefig(path, dpi=110, facecolor=BACKGROUND)
     plt.close(fig)
+    _shrink(path)
+
+
+def _shrink(path: Path) -> None:
+    """Re-save the PNG with a 256-colour palette: a quarter of the size, no visible change."""
+    from PIL import Image  # Pillow comes with matplotlib
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256)
+    small.save(path, optimize=True)
 
 
 def main(argv: list[str] | None = None) -> int:
