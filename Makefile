@@ -35,5 +35,9 @@ demo: exporter-demo
 test: install tools
 	$(PY) -m pytest -q
 
+# Regenerate grafana/dashboards/*.json from the dashboard code.
+dashboards: install
+	PYTHONPATH=grafana $(PY) -m verl_dashboards
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .demo bench-results
