@@ -55,14 +55,21 @@ def assert_valid(text: str, *, only_verl: bool = True) -> None:
     assert not only_verl or all(name.startswith("verl_") for name, _ in series)
 
 
+def console_line(step: int, data: dict) -> str:
+    pairs = " - ".join(f"{key}:{value!r}" if not isinstance(value, str) else f"{key}:{value}"
+                       for key, value in data.items())
+    return f"(TaskRunner pid=1) step:{step} - {pairs}".replace("\n", " ").replace("\r", " ")
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.dictionaries(keys, values, max_size=6), min_size=1, max_size=4))
-def test_any_keys_and_values_give_a_valid_exposition(lines):
+@given(st.lists(st.dictionaries(keys, values, max_size=6), min_size=1, max_size=4), st.sampled_from(["jsonl", "log"]))
+def test_any_keys_and_values_give_a_valid_exposition(lines, suffix):
     with tempfile.TemporaryDirectory() as root:
-        path = os.path.join(root, "run.jsonl")
+        path = os.path.join(root, f"run.{suffix}")
         with open(path, "w", encoding="utf-8", errors="surrogatepass") as out:
             for step, data in enumerate(lines):
-                out.write(json.dumps({"step": step, "data": data}) + "\n")
+                line = json.dumps({"step": step, "data": data}) if suffix == "jsonl" else console_line(step, data)
+                out.write(line + "\n")
         store = RunStore(default_catalog(), max_series_per_run=50)
         source = Source(path, store)
         source.poll()
