@@ -1,0 +1,8 @@
+"""The alert and recording rules, their runbook and their table, generated from one definition.
+
+Every alert is defined once (``training.py``, ``system.py``) with its expression, severity,
+``for`` duration, summary, description, the guide's meaning and the recommended fix. Numbers in
+expressions are ``${verl/key:threshold}`` placeholders filled in from the exporter's catalog, so the
+catalog is the one place to change a threshold. ``render.py`` writes the rule files, RUNBOOK.md and
+docs/alerts.md; ``python alerts/generate.py`` runs it, ``--check`` fails when the files are stale.
+"""

@@ -1,0 +1,146 @@
+"""Alert and rule-group definitions, catalog placeholders and duration scaling."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from verl_exporter.catalog import Catalog
+
+SEVERITIES = ("critical", "warning", "info")
+
+# How a run, a GPU and a target are named in descriptions.
+RUN = "{{ $labels.project }}/{{ $labels.experiment }}"
+GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+
+# Value formats for descriptions.
+PERCENT = "{{ $value | humanizePercentage }}"
+NUMBER = '{{ $value | printf "%.4g" }}'
+DURATION = "{{ $value | humanizeDuration }}"
+
+# Labels every training series carries, for explicit vector matching.
+RUN_MATCH = "on(job, instance, project, experiment)"
+
+_PLACEHOLDER = re.compile(r"\$\{([^}:]+):([^}]+)\}")
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A range or subquery ("[1h]", "[15m:1m]") and an offset ("offset 1h") inside PromQL.
+_RANGE = re.compile(r"\[(\d+[smhd])(?::(\d+[smhd])?)?\]")
+_OFFSET = re.compile(r"\boffset (\d+[smhd])\b")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule and what the runbook says about it.
+
+    ``expr`` and ``description`` may hold ``${verl/key:threshold}`` placeholders (or
+    ``${verl/key:healthy.min}``); ``meaning`` and ``fix`` are Markdown for the runbook, ``fix`` is
+    also the ``fix`` annotation shown in notifications.
+    """
+
+    name: str
+    severity: str
+    expr: str
+    for_: str
+    summary: str
+    description: str
+    meaning: str
+    fix: str
+    guide: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", self.name):
+            raise ValueError(f"alert name {self.name!r} must be Verl + CamelCase")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"{self.name}: severity {self.severity!r} not one of {SEVERITIES}")
+        if "{{" in self.summary:
+            raise ValueError(f"{self.name}: the summary must be static")
+        parse_duration(self.for_)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A rule group: ``name`` in Prometheus, the rule file it lives in, its alerts."""
+
+    name: str
+    file: str
+    title: str
+    alerts: tuple[Alert, ...] = field(default_factory=tuple)
+    training: bool = False  # per-run alerts: silent once the run has finished
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a simple Prometheus duration such as ``90s``, ``10m``, ``1h``."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"duration {text!r}: want a number and one of s, m, h, d")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact Prometheus duration for whole ``seconds`` (``3600`` -> ``1h``)."""
+    seconds = int(round(seconds))
+    for unit in ("d", "h", "m"):
+        if seconds and seconds % _UNIT_SECONDS[unit] == 0:
+            return f"{seconds // _UNIT_SECONDS[unit]}{unit}"
+    return f"{seconds}s"
+
+
+def scale_duration(text: str, scale: float, minimum: float) -> str:
+    """``text`` times ``scale``, at least ``minimum`` seconds (0 stays 0)."""
+    seconds = parse_duration(text)
+    if seconds == 0 or scale == 1:
+        return text
+    return format_duration(max(minimum, seconds * scale))
+
+
+def scale_expr(expr: str, scale: float, min_range: float) -> str:
+    """``expr`` with every range, subquery step and offset multiplied by ``scale``."""
+    if scale == 1:
+        return expr
+
+    def scaled_range(match: re.Match) -> str:
+        window = scale_duration(match.group(1), scale, min_range)
+        if match.group(0).find(":") < 0:
+            return f"[{window}]"
+        step = match.group(2)
+        return f"[{window}:{scale_duration(step, scale, 1) if step else ''}]"
+
+    expr = _RANGE.sub(scaled_range, expr)
+    return _OFFSET.sub(lambda m: f"offset {scale_duration(m.group(1), scale, min_range)}", expr)
+
+
+def format_number(value: float) -> str:
+    """A threshold as PromQL and people write it: ``0.5``, ``120``, ``1e-06``."""
+    return f"{value:g}"
+
+
+def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None) -> str:
+    """Replace each ``${verl/key:name}`` with the catalog's threshold (or ``healthy.min|max``).
+
+    ``extra`` holds thresholds that are not verl metrics: ``${gpu:hot_celsius}`` reads
+    ``extra["gpu"]["hot_celsius"]``.
+    """
+
+    def value(match: re.Match) -> str:
+        key, name = match.group(1), match.group(2)
+        if extra and key in extra:
+            if name not in extra[key]:
+                raise KeyError(f"placeholder {match.group(0)}: no threshold {name!r} for {key!r}")
+            return format_number(extra[key][name])
+        try:
+            spec = catalog.spec(key)
+        except KeyError:
+            raise KeyError(f"placeholder {match.group(0)}: {key!r} is not in the catalog") from None
+        table, _, field_name = name.rpartition(".")
+        source = spec.healthy if table == "healthy" else spec.thresholds
+        if table not in ("", "healthy") or field_name not in source:
+            raise KeyError(f"placeholder {match.group(0)}: the catalog has no {name!r} for {key!r}")
+        return format_number(source[field_name])
+
+    return _PLACEHOLDER.sub(value, text)
+
+
+def placeholders(text: str) -> list[tuple[str, str]]:
+    """The (verl key, threshold name) pairs ``text`` refers to."""
+    return _PLACEHOLDER.findall(text)

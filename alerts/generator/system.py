@@ -1,0 +1,317 @@
+"""Performance, operations and GPU/host alerts, and the fleet recording rules.
+
+GPU and host thresholds are not verl metrics, so they live here, in ``GPU_THRESHOLDS``.
+"""
+
+from __future__ import annotations
+
+from .model import DURATION, GPU, NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
+
+# The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
+EXPORTER_JOB = "verl"
+
+GPU_THRESHOLDS = {
+    "hot_celsius": 85,  # H100/A100 slow down from about 87-90 °C
+    "idle_utilization": 0.1,
+    "host_memory_available_min": 0.1,
+}
+# XIDs that mean the GPU or its memory failed: the job cannot continue on this GPU.
+# 48 double-bit ECC, 61/62 internal micro-controller, 63/64 row remapping, 74 NVLink, 79 fallen off
+# the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 ECC unrecovered.
+FATAL_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "hw_slowdown")
+
+# Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
+# more than `stalled_steps` times the usual step time (the catalog's slowest healthy step when it is
+# unknown). Measured at the scrape (timestamp()), not at evaluation, so the scrape interval adds nothing.
+STALLED = (
+    "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
+    f" > {RUN_MATCH} (${{timing_s/step:stalled_steps}} * ("
+    "avg_over_time(verl_timing_step_seconds[1h])"
+    f" or {RUN_MATCH} (0 * verl_training_last_step_timestamp_seconds + ${{timing_s/step:too_slow}})))"
+    f" unless {RUN_MATCH} verl_training_finished == 1"
+)
+
+_XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
+
+
+def _new_or_increased(selector: str, window: str) -> str:
+    """Counter ``selector`` rose within ``window``, or appeared (above 0) within it."""
+    return f"increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window})"
+
+
+PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performance", (
+    Alert(
+        "VerlGenerationBottleneck", "info",
+        "verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}", "30m",
+        "Generation takes more than half of each step.",
+        f"Run {RUN}: generation (timing_s/gen) takes {PERCENT} of the step time.",
+        "When `timing_s/gen` exceeds half of `timing_s/step`, rollout generation is the bottleneck.",
+        "Raise `actor_rollout_ref.rollout.max_num_seqs` (more concurrent sequences in vLLM/SGLang), adjust "
+        "`actor_rollout_ref.rollout.tensor_model_parallel_size`, raise "
+        "`actor_rollout_ref.rollout.gpu_memory_utilization`.",
+        "11.2",
+    ),
+    Alert(
+        "VerlActorUpdateBottleneck", "info",
+        "verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}",
+        "30m",
+        "Actor updates take more than 40% of each step.",
+        f"Run {RUN}: the actor update (timing_s/update_actor) takes {PERCENT} of the step time.",
+        "When `timing_s/update_actor` exceeds 40% of `timing_s/step`, training the actor is the bottleneck.",
+        "Tune `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` (or `use_dynamic_bsz`), enable "
+        "`actor_rollout_ref.actor.use_torch_compile`.",
+        "11.2",
+    ),
+    Alert(
+        "VerlThroughputLow", "warning",
+        "verl_perf_throughput < ${perf/throughput:floor}", "30m",
+        "Training throughput is below the floor.",
+        f"Run {RUN}: perf/throughput is {NUMBER} tokens/s per GPU, below ${{perf/throughput:floor}}.",
+        "`perf/throughput` is tokens processed per second per GPU. The guide's floor for a 7B model is 50; "
+        "set `thresholds.floor` of perf/throughput in the catalog for your model size.",
+        "Find the slow phase in `timing_s/*` (generation, actor update) and follow its alert; check MFU and "
+        "that GPUs are not throttled.",
+        "11.2",
+    ),
+    Alert(
+        "VerlActorMfuLow", "info",
+        "verl_perf_mfu_actor < ${perf/mfu/actor:poor}", "30m",
+        "Actor model FLOPs utilisation is poor (below 20%).",
+        f"Run {RUN}: perf/mfu/actor is {PERCENT}, below ${{perf/mfu/actor:poor}}.",
+        "MFU is achieved FLOPs over the hardware peak: above 40% excellent, 30-40% good, 20-30% fair, "
+        "below 20% poor.",
+        "Raise micro batch sizes, use `use_dynamic_bsz` and sequence packing (`use_remove_padding`), "
+        "avoid needless gradient checkpointing or offloading.",
+        "7.4",
+    ),
+    Alert(
+        "VerlStepSlow", "warning",
+        "verl_timing_step_seconds > ${timing_s/step:too_slow}", "30m",
+        "Training steps take longer than 120 s.",
+        f"Run {RUN}: a training step takes {DURATION} (timing_s/step, limit ${{timing_s/step:too_slow}} s).",
+        "The guide treats a step time above 120 s as slow training.",
+        "See which `timing_s/*` phase dominates (VerlGenerationBottleneck, VerlActorUpdateBottleneck) and "
+        "tune that phase.",
+        "11.2",
+    ),
+    Alert(
+        "VerlGpuMemoryNearlyFull", "warning",
+        "verl_perf_max_memory_allocated_bytes / on(job, instance) group_left()"
+        " max by (job, instance) (verl_gpu_memory_total_bytes)"
+        " > ${perf/max_memory_allocated_gb:near_total_ratio}", "5m",
+        "Peak GPU memory allocated is close to the GPU's total.",
+        f"Run {RUN}: perf/max_memory_allocated is {PERCENT} of the GPU's memory: close to CUDA out of memory.",
+        "When `perf/max_memory_allocated_gb` approaches the GPU's total memory, the next longer batch can "
+        "fail with CUDA out of memory.",
+        "Halve `actor_rollout_ref.actor.ppo_mini_batch_size`, enable "
+        "`actor_rollout_ref.model.enable_gradient_checkpointing`, or use `use_dynamic_bsz` with a smaller "
+        "`ppo_max_token_len_per_gpu` (e.g. 16384 -> 8192).",
+        "11.2",
+    ),
+), training=True)
+
+OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations", (
+    Alert(
+        "VerlTrainingStalled", "critical",
+        f"{STALLED} unless on(job, instance) verl_job_running == 0", "10m",
+        "The training run has stopped making progress.",
+        f"Run {RUN}: no new step for {DURATION}, over ${{timing_s/step:stalled_steps}} times its usual step "
+        "time, and the run has not finished.",
+        "No new step has been read for several times the run's usual step time (plus the `for` "
+        "duration), verl has not printed its end of training and, where the exporter knows the job "
+        "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
+        "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",
+        "Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "
+        "alerts on the same hosts; restart from the last checkpoint (`trainer.resume_mode=auto`).",
+        "8.1",
+    ),
+    Alert(
+        "VerlTrainingJobExited", "warning",
+        "verl_job_running == 0 and on(job, instance)"
+        f" count by (job, instance) (verl_training_last_step unless {RUN_MATCH} verl_training_finished == 1)",
+        "2m",
+        "The training job's processes are gone but its run did not finish.",
+        "The training job watched by {{ $labels.instance }} has no live process, and a run it follows has "
+        "not reported the end of training: it crashed or was stopped.",
+        "The exporter watches the job's processes; none is left, yet verl did not print its final "
+        "validation line. The job crashed (OOM killer, exception, node failure) or was stopped by hand.",
+        "Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
+        "the last checkpoint (`trainer.resume_mode=auto`).",
+        "8.1",
+    ),
+    Alert(
+        "VerlTrainingNonFinite", "critical",
+        _new_or_increased('verl_training_nonfinite_values_total{key=~".*(loss|grad_norm).*"}', "15m"), "0m",
+        "A loss or gradient norm of the run is NaN or Inf.",
+        f"Run {RUN}: {{{{ $labels.key }}}} was NaN or Inf ({NUMBER} new values in 15 minutes).",
+        "A NaN or Inf loss or gradient norm means the weights are or will be corrupted; training cannot "
+        "recover by itself.",
+        "Stop the run and restart from the last good checkpoint with a lower "
+        "`actor_rollout_ref.actor.optim.lr`; check the data for empty or extreme samples and the rewards "
+        "for NaN; keep `grad_clip` on.",
+        "1.7",
+    ),
+    Alert(
+        "VerlExporterDown", "critical",
+        f'up{{job="{EXPORTER_JOB}"}} == 0', "5m",
+        "Prometheus cannot scrape a verl exporter.",
+        "Target {{ $labels.instance }} of job {{ $labels.job }} has been down for 5 minutes: its run and "
+        "GPUs are not monitored.",
+        "The exporter (or its host) does not answer Prometheus, so no other alert can fire for it.",
+        "Check the exporter process or container (`systemctl status`, `docker logs`) and the network path "
+        "from Prometheus; `curl http://HOST:9945/-/ready`.",
+    ),
+    Alert(
+        "VerlExporterCollectorFailing", "warning",
+        "verl_exporter_collector_success == 0", "10m",
+        "An exporter collector keeps failing.",
+        "Collector {{ $labels.collector }} of the exporter at {{ $labels.instance }} has failed every scrape "
+        "for 10 minutes.",
+        "A collector (training, gpu or host) raises or times out at every scrape; its metrics are missing.",
+        "Read the exporter's log for the collector's error (NVML not loaded, a hung driver call, an "
+        "unreadable file).",
+    ),
+    Alert(
+        "VerlExporterParseErrors", "info",
+        "increase(verl_exporter_parse_errors_total[15m]) > 0", "0m",
+        "The exporter cannot parse lines of a verl log.",
+        "The exporter at {{ $labels.instance }} skipped " + NUMBER + " unreadable lines of "
+        "{{ $labels.source }} in 15 minutes.",
+        "Lines that look like verl step lines could not be parsed; their values are missing.",
+        "Check the file's format (`--source.format`) and the exporter's log, which quotes the reason.",
+    ),
+))
+
+_GPU_INFO = "GPU {{ $labels.gpu }} on {{ $labels.instance }}"
+
+GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
+    Alert(
+        "VerlGpuFatalXidError", "critical",
+        _new_or_increased(f'verl_gpu_xid_errors_total{{xid=~"{_XID_FATAL}"}}', "15m"), "0m",
+        "A GPU reported a fatal XID error.",
+        f"{GPU} reported XID {{{{ $labels.xid }}}} ({NUMBER} new events in 15 minutes): the GPU or its memory failed.",
+        "XIDs such as 48 (double-bit ECC), 79 (fallen off the bus), 94/95 (ECC) or 119/120 (GSP) mean "
+        "the GPU cannot be trusted; the job on it will fail or compute garbage.",
+        "Drain the node, reset the GPU (`nvidia-smi -r`) or reboot; replace it if it repeats. Restart the "
+        "run elsewhere from its last checkpoint.",
+    ),
+    Alert(
+        "VerlGpuXidError", "warning",
+        _new_or_increased(f'verl_gpu_xid_errors_total{{xid!~"{_XID_FATAL}"}}', "15m"), "0m",
+        "A GPU reported an XID error.",
+        f"{GPU} reported XID {{{{ $labels.xid }}}} ({NUMBER} new events in 15 minutes).",
+        "Other XIDs (13 graphics engine exception, 31 MMU fault, 43 channel reset) usually come from the "
+        "application: a kernel fault in the job.",
+        "Check the job's log at the same time; look the XID up in NVIDIA's XID catalog.",
+    ),
+    Alert(
+        "VerlGpuUncorrectableEccErrors", "critical",
+        'verl_gpu_ecc_volatile_errors_total{type="uncorrected"} > 0', "0m",
+        "A GPU has uncorrectable ECC memory errors.",
+        f"{GPU} has {NUMBER} uncorrectable ECC errors since the driver was loaded.",
+        "Uncorrectable ECC errors corrupt data in GPU memory; the running job's results are not reliable.",
+        "Drain the node and reset the GPU (row remapping takes effect on reset); replace it if errors "
+        "come back.",
+    ),
+    Alert(
+        "VerlGpuRowRemapFailure", "critical",
+        'verl_gpu_remapped_rows{state="failure"} > 0', "0m",
+        "A GPU failed to remap a faulty memory row.",
+        f"{GPU} reports a row-remapping failure: its memory has a fault it cannot repair.",
+        "When remapping fails the GPU has no spare rows left for a faulty memory row.",
+        "Drain the node and have the GPU replaced (RMA).",
+    ),
+    Alert(
+        "VerlGpuRowRemapPending", "warning",
+        'verl_gpu_remapped_rows{state="pending"} > 0', "0m",
+        "A GPU has memory rows waiting to be remapped.",
+        f"{GPU} has {NUMBER} rows pending remapping; they are remapped at the next GPU reset.",
+        "Faulty rows were found; the repair is applied only when the GPU is reset.",
+        "Reset the GPU (`nvidia-smi -r`) or reboot when the job allows.",
+    ),
+    Alert(
+        "VerlGpuLost", "critical",
+        "verl_gpu_up == 0", "1m",
+        "A GPU no longer answers NVML.",
+        f"{GPU} does not answer NVML: it is lost.",
+        "NVML cannot read the GPU (\"GPU is lost\", fallen off the bus); every process on it is stuck or "
+        "dead.",
+        "Drain the node and reboot it; check `dmesg` for XID 79; replace the GPU if it repeats.",
+    ),
+    Alert(
+        "VerlGpuCountDropped", "critical",
+        "verl_gpus < max_over_time(verl_gpus[6h])", "1m",
+        "A host sees fewer GPUs than before.",
+        "The host {{ $labels.instance }} sees " + NUMBER + " GPUs, fewer than in the last 6 hours.",
+        "A GPU vanished from the driver's device list (fallen off the bus or disabled).",
+        "Drain the node, check `nvidia-smi` and `dmesg`, reboot; replace the GPU if it repeats.",
+    ),
+    Alert(
+        "VerlGpuHot", "warning",
+        "verl_gpu_temperature_celsius > ${gpu:hot_celsius}", "5m",
+        "A GPU runs hot.",
+        f"{_GPU_INFO} is at {NUMBER} °C (limit ${{gpu:hot_celsius}} °C).",
+        "Above about 85 °C data-centre GPUs get close to thermal slowdown.",
+        "Check the node's cooling (fans, airflow, inlet temperature) and neighbouring GPUs.",
+    ),
+    Alert(
+        "VerlGpuThrottled", "warning",
+        f'verl_gpu_clock_event_active{{reason=~"{"|".join(THROTTLE_REASONS)}"}} == 1', "5m",
+        "A GPU is throttled by heat or a power brake.",
+        f"{_GPU_INFO} is slowed down: {{{{ $labels.reason }}}} is active.",
+        "Thermal slowdown or the power brake lowers the GPU's clocks; the whole data-parallel job waits for "
+        "the slowest GPU.",
+        "Check cooling and the power supply of the node; `nvidia-smi -q -d PERFORMANCE` shows the reason.",
+    ),
+    Alert(
+        "VerlGpusIdle", "warning",
+        "avg by (job, instance) (verl_gpu_utilization_ratio) < ${gpu:idle_utilization}"
+        " and on(job, instance) ((verl_job_running == 1)"
+        " or (max by (job, instance) (verl_training_finished == 0) unless on(job, instance) verl_job_running))",
+        "10m",
+        "GPUs are idle while the training job runs.",
+        "GPUs on {{ $labels.instance }} average " + PERCENT + " utilisation while the training job runs.",
+        "The job is alive but its GPUs do nothing: it waits on something (data, reward server, a hung "
+        "collective, a dead Ray worker).",
+        "See VerlTrainingStalled; check the job's log, Ray's dashboard and the reward service.",
+    ),
+    Alert(
+        "VerlHostMemoryNearlyFull", "warning",
+        "verl_host_memory_available_bytes / verl_host_memory_total_bytes < ${gpu:host_memory_available_min}",
+        "5m",
+        "The host is nearly out of memory.",
+        "Host {{ $labels.instance }} has only " + PERCENT + " of its memory available.",
+        "Ray's object store, rollout buffers or data loading fill host memory; the OOM killer will end the "
+        "job.",
+        "Lower `data.train_batch_size` or the rollout batch, turn off CPU offloading, limit Ray's "
+        "object store (`ray start --object-store-memory`).",
+    ),
+))
+
+GROUPS = (PERFORMANCE, OPERATIONS, GPUS)
+
+
+def recording_rules() -> list[dict]:
+    """The fleet view: ``level:metric:operations`` rules over every followed run."""
+    unfinished = f"verl_training_run_info unless {RUN_MATCH} verl_training_finished == 1"
+    stalled_runs = f"max by (project, experiment) ({STALLED})"
+    return [{
+        "name": "verl-fleet",
+        "rules": [
+            {"record": "project_experiment:verl_training_steps_ingested:rate5m",
+             "expr": "sum by (project, experiment) (rate(verl_training_steps_ingested_total[5m]))"},
+            {"record": "project_experiment:verl_training_last_step_age_seconds:min",
+             "expr": "time() - max by (project, experiment) (verl_training_last_step_timestamp_seconds)"},
+            {"record": "project_experiment:verl_gpu_utilization_ratio:avg",
+             "expr": "avg by (project, experiment) (avg by (job, instance) (verl_gpu_utilization_ratio)"
+                     f" * on(job, instance) group_right() ({unfinished}))"},
+            {"record": "state:verl_training_runs:count", "labels": {"state": "finished"},
+             "expr": "count(max by (project, experiment) (verl_training_finished) == 1) or vector(0)"},
+            {"record": "state:verl_training_runs:count", "labels": {"state": "stalled"},
+             "expr": f"count({stalled_runs}) or vector(0)"},
+            {"record": "state:verl_training_runs:count", "labels": {"state": "running"},
+             "expr": "count(max by (project, experiment) (verl_training_finished) == 0"
+                     f" unless on(project, experiment) {stalled_runs}) or vector(0)"},
+        ],
+    }]

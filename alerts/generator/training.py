@@ -1,0 +1,298 @@
+"""Training alerts: actor, critic, rewards and advantages, lengths, and the guide's diagnoses.
+
+Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to metrics-guide.md.
+"""
+
+from __future__ import annotations
+
+from .model import NUMBER, PERCENT, RUN, Alert, Group
+
+WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
+WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
+# Mean score of the last hour minus the mean of the hour before (needs two hours of data).
+SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
+GRAD_PINNED = ("abs(verl_actor_grad_norm - ${actor/grad_norm:grad_clip})"
+               " <= ${actor/grad_norm:pinned_tolerance} * ${actor/grad_norm:grad_clip}")
+HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
+
+ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)", (
+    Alert(
+        "VerlPolicyUpdateAggressive", "warning",
+        "verl_actor_pg_clipfrac > ${actor/pg_clipfrac:aggressive}", "15m",
+        "PPO clips more than half of the policy updates.",
+        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, above ${{actor/pg_clipfrac:aggressive}}: "
+        "policy updates are aggressive and may be unstable.",
+        "`actor/pg_clipfrac` is the share of samples whose probability ratio left the PPO clip range. "
+        "The guide's healthy range is 0.05-0.30; above 0.5 the updates are too large and training may "
+        "become unstable.",
+        f"{HALVE_LR}; if the learning rate is already small, widen `actor_rollout_ref.actor.clip_ratio` "
+        "from 0.2 to 0.3.",
+        "1.2",
+    ),
+    Alert(
+        "VerlPolicyUpdateConservative", "info",
+        f"verl_actor_pg_clipfrac < ${{actor/pg_clipfrac:conservative}} and {WARMED_ACTOR}", "1h",
+        "PPO has clipped almost no policy updates for an hour.",
+        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, below ${{actor/pg_clipfrac:conservative}} for an hour: "
+        "policy updates are conservative and learning may be slow.",
+        "Below 0.05 almost no update reaches the clip range: the policy changes little per step and may "
+        "converge slowly. After convergence (score high and flat) this is expected.",
+        "If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
+        "run has converged, nothing to do.",
+        "1.2",
+    ),
+    Alert(
+        "VerlPolicyChangeTooLarge", "warning",
+        "verl_actor_ppo_kl > ${actor/ppo_kl:too_large}", "15m",
+        "The policy changes too much per update (PPO KL too large).",
+        f"Run {RUN}: actor/ppo_kl is {NUMBER}, above ${{actor/ppo_kl:too_large}}.",
+        "`actor/ppo_kl` approximates the KL divergence between the old and the new policy. The guide's "
+        "healthy range is 0.001-0.01; above 0.05 the policy moves too far in one update.",
+        f"{HALVE_LR}.",
+        "1.3",
+    ),
+    Alert(
+        "VerlPolicyFrozen", "info",
+        f"abs(verl_actor_ppo_kl) < ${{actor/ppo_kl:frozen}} and {WARMED_ACTOR}", "1h",
+        "The policy has barely changed for an hour (PPO KL about 0).",
+        f"Run {RUN}: actor/ppo_kl is {NUMBER}, below ${{actor/ppo_kl:frozen}} for an hour: the policy is "
+        "almost frozen.",
+        "Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
+        "has decayed to nothing or exploration has collapsed.",
+        "Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
+        "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
+        "1.3",
+    ),
+    Alert(
+        "VerlEntropyCollapsing", "warning",
+        "verl_actor_entropy < ${actor/entropy:collapse_drop_ratio} * max_over_time(verl_actor_entropy[1h])"
+        " and verl_actor_entropy < ${actor/entropy:healthy.min}", "5m",
+        "Policy entropy fell fast to near zero.",
+        f"Run {RUN}: actor/entropy is {NUMBER}, less than ${{actor/entropy:collapse_drop_ratio}} of its "
+        "maximum of the last hour and below ${actor/entropy:healthy.min}.",
+        "Entropy measures how random the policy's output is. It should fall slowly (e.g. 0.8 -> 0.4 over "
+        "200 steps); halving within an hour to below 0.1 means exploration is collapsing and the policy "
+        "may be stuck in a local optimum.",
+        "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or the sampling temperature "
+        "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2).",
+        "1.5",
+    ),
+    Alert(
+        "VerlEntropyFlat", "warning",
+        "abs(avg_over_time(verl_actor_entropy[1h]) - avg_over_time(verl_actor_entropy[1h] offset 1h))"
+        " / avg_over_time(verl_actor_entropy[1h] offset 1h) < ${actor/entropy:flat_change_ratio}"
+        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "1h",
+        "Entropy and score have both stayed flat: the policy is not learning.",
+        f"Run {RUN}: actor/entropy changed by only {PERCENT} hour over hour while critic/score/mean "
+        "gained less than ${critic/score/mean:min_gain}.",
+        "Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
+        "the policy is not learning anything: the reward signal is missing or uninformative.",
+        "Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
+        "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
+        "1.5",
+    ),
+    Alert(
+        "VerlKlLossHigh", "warning",
+        "verl_actor_kl_loss > ${actor/kl_loss:too_large}", "10m",
+        "The policy drifts far from the reference policy (KL loss too large).",
+        f"Run {RUN}: actor/kl_loss is {NUMBER}, above ${{actor/kl_loss:too_large}}.",
+        "`actor/kl_loss` is the KL divergence between the policy and the reference policy (GRPO and "
+        "similar). The guide's range is 0.001-0.1; above it the policy leaves the trust region.",
+        "Raise `actor_rollout_ref.actor.kl_loss_coef` or lower `actor_rollout_ref.actor.optim.lr`.",
+        "1.6",
+    ),
+    Alert(
+        "VerlActorGradNormPinned", "warning",
+        f"verl_actor_grad_norm and {GRAD_PINNED}", "15m",
+        "The actor's gradient norm is pinned at the clip value.",
+        f"Run {RUN}: actor/grad_norm has stayed at the clip value ${{actor/grad_norm:grad_clip}} "
+        f"(now {NUMBER}): every update is clipped.",
+        "When `actor/grad_norm` equals the gradient clip value step after step, every gradient is being "
+        "clipped: the learning rate is too high or some data is abnormal.",
+        f"{HALVE_LR}; check the data for abnormal samples; only then consider a larger "
+        "`actor_rollout_ref.actor.grad_clip`. If your grad_clip is not 1.0, set "
+        "`thresholds.grad_clip` of actor/grad_norm in the catalog and regenerate the rules.",
+        "1.7",
+    ),
+), training=True)
+
+CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)", (
+    Alert(
+        "VerlCriticWorseThanConstant", "warning",
+        f"verl_critic_vf_explained_var < ${{critic/vf_explained_var:negative}} and {WARMED_CRITIC}", "15m",
+        "The critic predicts returns worse than a constant.",
+        f"Run {RUN}: critic/vf_explained_var is {NUMBER} after warm-up: the value function is worse "
+        "than predicting the mean return.",
+        "Explained variance is like R^2: 1 is perfect, 0 is no better than a constant, below 0 is worse. "
+        "Early in training -1 to 0.2 is normal; past warm-up it must be positive.",
+        "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2); check the reward "
+        "scale.",
+        "2.4",
+    ),
+    Alert(
+        "VerlCriticLearningSlowly", "info",
+        f"verl_critic_vf_explained_var < ${{critic/vf_explained_var:learning}} and {WARMED_CRITIC}", "1h",
+        "The critic explains less than 30% of the returns' variance.",
+        f"Run {RUN}: critic/vf_explained_var is {NUMBER}, below ${{critic/vf_explained_var:learning}} "
+        "for an hour.",
+        "During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
+        "0.3 for long the critic is not learning enough (guide 11.2, step 3).",
+        "Raise `critic.optim.lr` (e.g. x5, 1e-5 -> 5e-5).",
+        "2.4",
+    ),
+    Alert(
+        "VerlCriticLossNotDecreasing", "info",
+        "avg_over_time(verl_critic_vf_loss[1h]) > (1 - ${critic/vf_loss:min_drop_ratio})"
+        " * avg_over_time(verl_critic_vf_loss[1h] offset 1h)"
+        f" and verl_critic_vf_loss > ${{critic/vf_loss:converged}} and {WARMED_CRITIC}", "30m",
+        "The critic's loss has stopped decreasing while still high.",
+        f"Run {RUN}: critic/vf_loss averaged {NUMBER} over the last hour, not lower than the hour "
+        "before, and is above ${critic/vf_loss:converged}.",
+        "`critic/vf_loss` should fall from 10-100 to 0.1-10 and below 1 when converged. A loss that stays "
+        "high and flat means the value network does not fit the returns.",
+        "Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable.",
+        "2.1",
+    ),
+    Alert(
+        "VerlCriticValueClipping", "warning",
+        "verl_critic_vf_clipfrac > ${critic/vf_clipfrac:too_high}", "10m",
+        "More than half of the value predictions are clipped.",
+        f"Run {RUN}: critic/vf_clipfrac is {PERCENT}, above ${{critic/vf_clipfrac:too_high}}: the value "
+        "function's updates are held back.",
+        "`critic/vf_clipfrac` is the share of value predictions clipped to the value clip range; 0-0.5 is "
+        "normal, usually below 0.2. Above 0.5 the critic cannot follow the returns.",
+        "Widen `critic.cliprange_value` or lower `critic.optim.lr`; check the reward scale.",
+        "2.2",
+    ),
+    Alert(
+        "VerlCriticValueOffTarget", "warning",
+        "abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        f" and {WARMED_CRITIC}", "30m",
+        "The critic's predicted values are far from the returns.",
+        f"Run {RUN}: critic/vpred_mean is {NUMBER} away from critic/returns/mean (more than "
+        "${critic/vpred_mean:max_gap_to_returns}).",
+        "The mean predicted value should approach the mean return as the critic learns (e.g. 2.34 vs "
+        "2.45). A lasting gap means the critic has not learned the value scale.",
+        "Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
+        "2.3",
+    ),
+), training=True)
+
+REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages", (
+    Alert(
+        "VerlAdvantageMeanOffCenter", "warning",
+        "abs(verl_critic_advantages_mean) > ${critic/advantages/mean:max_abs_mean}", "10m",
+        "The mean advantage is far from 0.",
+        f"Run {RUN}: critic/advantages/mean is off 0 by {NUMBER} (more than "
+        "${critic/advantages/mean:max_abs_mean}).",
+        "After normalisation advantages have mean about 0 and standard deviation 1. A mean far from 0 "
+        "points at the reward scale, a broken normalisation or a critic that does not learn.",
+        "Check the reward scale and advantage normalisation (`algorithm.norm_adv_by_std_in_grpo`, "
+        "GAE settings) and the critic (`critic/vf_explained_var`).",
+        "3.3",
+    ),
+    Alert(
+        "VerlAdvantageRangeExploding", "warning",
+        "abs(verl_critic_advantages_max) > ${critic/advantages/max:max_abs}"
+        " or abs(verl_critic_advantages_min) > ${critic/advantages/min:max_abs}", "10m",
+        "Advantages have an exploding range.",
+        f"Run {RUN}: an advantage of magnitude {NUMBER} (limit ${{critic/advantages/max:max_abs}}): the "
+        "advantage range is exploding.",
+        "Normalised advantages stay within a few units (e.g. -2.3 to 2.4); values like 50 or -45 mean "
+        "the rewards or the critic are out of scale.",
+        "Check the reward scale (clip or normalise rewards), advantage normalisation and the critic.",
+        "3.3",
+    ),
+    Alert(
+        "VerlScoreNotImproving", "info",
+        f"{SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "1h",
+        "The mean score has not improved for an hour.",
+        f"Run {RUN}: critic/score/mean changed by {NUMBER} hour over hour (less than "
+        "${critic/score/mean:min_gain}).",
+        "`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
+        "training. A flat score means the run has converged or stopped learning.",
+        "If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
+        "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
+        "3.1",
+    ),
+), training=True)
+
+LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
+    Alert(
+        "VerlResponsesTruncated", "warning",
+        "verl_response_length_clip_ratio > ${response_length/clip_ratio:too_high}", "10m",
+        "More than half of the responses hit max_response_length.",
+        f"Run {RUN}: {PERCENT} of responses are truncated at max_response_length (limit "
+        "${response_length/clip_ratio:too_high}).",
+        "`response_length/clip_ratio` is the share of responses cut at the maximum length. Below 0.1 is "
+        "ideal, 0.1-0.3 acceptable; above 0.5 most answers are cut off and their rewards are wrong.",
+        "Raise `data.max_response_length` (e.g. 256 -> 512).",
+        "4.2",
+    ),
+    Alert(
+        "VerlResponsesOftenTruncated", "info",
+        "verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", "1h",
+        "More than 10% of the responses hit max_response_length.",
+        f"Run {RUN}: {PERCENT} of responses have been truncated for an hour (ideal below "
+        "${response_length/clip_ratio:elevated}).",
+        "Most responses should end on their own; above 10% truncation for long, answers are being cut.",
+        "Consider a larger `data.max_response_length`.",
+        "4.2",
+    ),
+    Alert(
+        "VerlPromptsTruncated", "warning",
+        "verl_prompt_length_clip_ratio > ${prompt_length/clip_ratio:too_high}", "30m",
+        "More than 10% of the prompts hit max_prompt_length.",
+        f"Run {RUN}: {PERCENT} of prompts are truncated at max_prompt_length (limit "
+        "${prompt_length/clip_ratio:too_high}).",
+        "`prompt_length/clip_ratio` is the share of prompts cut at the maximum prompt length; below 0.05 "
+        "the data is prepared well, above 0.1 prompts lose content.",
+        "Raise `data.max_prompt_length`, or filter over-long prompts (`data.filter_overlong_prompts`).",
+        "4.4",
+    ),
+), training=True)
+
+DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diagnoses", (
+    Alert(
+        "VerlLearningRateTooHigh", "warning",
+        "verl_actor_pg_clipfrac > ${actor/pg_clipfrac:lr_too_high}"
+        f" and verl_actor_ppo_kl > ${{actor/ppo_kl:too_large}} and {GRAD_PINNED}", "10m",
+        "The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
+        f"Run {RUN}: actor/pg_clipfrac is {PERCENT} with actor/ppo_kl above ${{actor/ppo_kl:too_large}} and "
+        "actor/grad_norm pinned at ${actor/grad_norm:grad_clip}: the learning rate is too high.",
+        "The guide's worked example 2: `actor/pg_clipfrac` 0.85, `actor/ppo_kl` 0.125 and `actor/grad_norm` "
+        "at the clip value 1.0 while the score does not rise. Each update overshoots, PPO clips most "
+        "samples and every gradient is clipped.",
+        f"{HALVE_LR}.",
+        "11.4",
+    ),
+    Alert(
+        "VerlPrematureConvergence", "warning",
+        "verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
+        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "30m",
+        "The policy converged prematurely: entropy near 0, KL near 0, score flat.",
+        f"Run {RUN}: actor/entropy is {NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean: "
+        "the policy has converged prematurely.",
+        "The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
+        "about 0. The policy is stuck in a local optimum because it stopped exploring.",
+        "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or "
+        "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2), then restart from an earlier checkpoint.",
+        "11.2",
+    ),
+    Alert(
+        "VerlCriticNotLearning", "warning",
+        "verl_critic_vf_explained_var < ${critic/vf_explained_var:negative}"
+        " and verl_critic_vf_loss > ${critic/vf_loss:high}"
+        " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        f" and {WARMED_CRITIC}", "10m",
+        "The critic is not learning: negative explained variance, high loss, values far from returns.",
+        f"Run {RUN}: critic/vf_explained_var is {NUMBER} with critic/vf_loss above ${{critic/vf_loss:high}} "
+        "and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",
+        "The guide's worked example 3: after 50 steps `vf_explained_var` -0.234, `vf_loss` 45.23 and "
+        "`vpred_mean` 0.123 against `returns/mean` 5.678. The advantages built on such a critic are noise.",
+        "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
+        "11.4",
+    ),
+), training=True)
+
+GROUPS = (ACTOR, CRITIC, REWARD, LENGTHS, DIAGNOSES)

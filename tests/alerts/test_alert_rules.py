@@ -1,0 +1,225 @@
+"""The alert and recording rules: promtool checks and unit tests, coverage of every alert, and
+agreement of the rule files, the exporter's catalog and the Grafana dashboards."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servers import REPO, require_binary
+from verl_exporter.catalog import Catalog, default_catalog
+
+sys.path.insert(0, str(REPO / "alerts"))
+from generator import model, render  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+TEST_FILES = sorted(TESTS.glob("*.test.yml"))
+RULE_FILES = sorted((REPO / "alerts").glob("*.rules.yml"))
+RECORDING_RULES = REPO / "prometheus" / "recording-rules.yml"
+ANNOTATIONS = {"summary", "description", "runbook_url", "fix"}
+# Alerts on a state, not a number: their description names the state from the labels instead.
+STATE_ALERTS = {"VerlGpuRowRemapFailure", "VerlGpuLost", "VerlGpuThrottled", "VerlTrainingJobExited",
+                "VerlExporterDown", "VerlExporterCollectorFailing"}
+
+
+def promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([require_binary("promtool"), *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def shipped_alerts() -> dict[str, dict]:
+    rules = {}
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                rules[rule["alert"]] = rule
+    return rules
+
+
+def test_promtool_check_rules_and_config_pass():
+    result = promtool("check", "rules", *map(str, RULE_FILES), str(RECORDING_RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = promtool("check", "config", "prometheus/prometheus.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 rule files found" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def unit_test_runs():
+    """``promtool test rules`` of every test file, started together (the files are independent)."""
+    binary = require_binary("promtool")
+    runs = {path: subprocess.Popen([binary, "test", "rules", path.name], cwd=TESTS, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for path in TEST_FILES}
+    yield runs
+    for process in runs.values():
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(unit_test_runs, test_file):
+    output, _ = unit_test_runs[test_file].communicate(timeout=120)
+    assert unit_test_runs[test_file].returncode == 0, output
+    assert "SUCCESS" in output
+
+
+def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path):
+    """The unit tests pin the thresholds: the same tests against a rule with 0.5 -> 0.9 fail."""
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "tests" / "alerts").mkdir(parents=True)
+    for path in RULE_FILES:
+        text = path.read_text()
+        if path.name == "verl-training.rules.yml":
+            text = text.replace("verl_actor_pg_clipfrac > 0.5\n", "verl_actor_pg_clipfrac > 0.9\n")
+        (tmp_path / "alerts" / path.name).write_text(text)
+    tests = yaml.safe_load((TESTS / "actor.test.yml").read_text())
+    tests["tests"] = [case for case in tests["tests"] if case["name"].startswith("pg_clipfrac above 0.5")]
+    assert len(tests["tests"]) == 1
+    (tmp_path / "tests" / "alerts" / "actor.test.yml").write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", "actor.test.yml", cwd=tmp_path / "tests" / "alerts")
+    assert result.returncode != 0
+    assert "VerlPolicyUpdateAggressive" in result.stdout + result.stderr
+
+
+def test_every_alert_fires_with_all_annotations_and_stays_silent_somewhere():
+    rules = shipped_alerts()
+    fires, silent = {}, set()
+    for path in TEST_FILES:
+        for case in yaml.safe_load(path.read_text()).get("tests", []):
+            for check in case.get("alert_rule_test", []):
+                if check.get("exp_alerts"):
+                    fires.setdefault(check["alertname"], []).extend(check["exp_alerts"])
+                else:
+                    silent.add(check["alertname"])
+    assert set(rules) - set(fires) == set(), "alerts without a firing case"
+    assert set(rules) - silent == set(), "alerts without a silent case"
+    for name, expected in fires.items():
+        for alert in expected:
+            assert set(alert["exp_annotations"]) == ANNOTATIONS, name
+            assert alert["exp_labels"]["severity"] == rules[name]["labels"]["severity"], name
+
+
+def test_alerts_follow_the_mixin_conventions():
+    rules = shipped_alerts()
+    assert len(rules) == len(render.alerts()) >= 45
+    runbook = (REPO / "alerts" / "RUNBOOK.md").read_text()
+    headings = {line[4:].strip().lower() for line in runbook.splitlines() if line.startswith("### ")}
+    for name, rule in rules.items():
+        assert re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", name)
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        annotations = rule["annotations"]
+        assert set(annotations) == ANNOTATIONS, name
+        assert "{{" not in annotations["summary"], name
+        assert ("$value" in annotations["description"]) != (name in STATE_ALERTS), name
+        if "project" in rule["expr"] or name.startswith("VerlTraining"):
+            assert "$labels.project" in annotations["description"] or name in STATE_ALERTS, name
+        anchor = annotations["runbook_url"].rsplit("#", 1)[1]
+        assert anchor in headings, f"{name}: no runbook section #{anchor}"
+    table = (REPO / "docs" / "alerts.md").read_text()
+    assert all(f"[{name}]" in table for name in rules)
+
+
+def test_all_guide_operations_alerts_page():
+    rules = shipped_alerts()
+    for name in ("VerlTrainingStalled", "VerlTrainingNonFinite", "VerlExporterDown", "VerlGpuLost",
+                 "VerlGpuFatalXidError", "VerlGpuUncorrectableEccErrors", "VerlGpuRowRemapFailure"):
+        assert rules[name]["labels"]["severity"] == "critical", name
+
+
+# --- one place for thresholds: catalog -> rules (and dashboards) --------------------------------------
+
+def test_generated_files_are_up_to_date():
+    assert render.stale_files() == [], "run: python alerts/generate.py"
+
+
+def test_check_mode_reports_a_hand_edited_rule_file(tmp_path, capsys):
+    for path, text in render.outputs().items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert render.main(["--check", "--root", str(tmp_path)]) == 0
+    edited = tmp_path / "alerts" / "verl-training.rules.yml"
+    edited.write_text(edited.read_text().replace("> 0.5", "> 0.6", 1))
+    assert render.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "verl-training.rules.yml" in capsys.readouterr().err
+
+
+def test_definitions_hold_no_literal_thresholds():
+    """Every number of an expression comes from a placeholder, except 0 and 1 (== 1, 1 - x, 0 * x)."""
+    for group in render.GROUPS:
+        for alert in group.alerts:
+            text = re.sub(r"\$\{[^}]*\}|\{[^}]*\}|\[[^\]]*\]|offset \w+", " ", alert.expr)
+            numbers = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
+            assert numbers <= {"0", "1"}, f"{alert.name}: literal {numbers - {'0', '1'}} in {alert.expr}"
+
+
+def test_rules_follow_a_changed_catalog_threshold():
+    catalog = default_catalog()
+    spec = catalog.spec("actor/pg_clipfrac")
+    changed = dataclasses.replace(spec, thresholds={**spec.thresholds, "aggressive": 0.66})
+    other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families)
+    groups = yaml.safe_load(render.rule_files(other)["verl-training.rules.yml"])["groups"]
+    rule = next(r for g in groups for r in g["rules"] if r["alert"] == "VerlPolicyUpdateAggressive")
+    assert rule["expr"].startswith("verl_actor_pg_clipfrac > 0.66\n")
+    assert "above 0.66" in rule["annotations"]["description"]
+
+
+def test_unknown_placeholders_are_refused():
+    catalog = default_catalog()
+    assert model.fill("x > ${actor/ppo_kl:too_large}", catalog) == "x > 0.05"
+    assert model.fill("x < ${actor/entropy:healthy.min}", catalog) == "x < 0.1"
+    with pytest.raises(KeyError, match="no/such"):
+        model.fill("${no/such:key}", catalog)
+    with pytest.raises(KeyError, match="nope"):
+        model.fill("${actor/ppo_kl:nope}", catalog)
+
+
+def test_time_scaling_shrinks_durations_but_not_thresholds():
+    expr = "avg_over_time(x[1h]) > 0.5 and y offset 1h and rate(z[5m]) and max_over_time(w[15m:1m])"
+    scaled = model.scale_expr(expr, 1 / 300, 3)
+    assert scaled == "avg_over_time(x[12s]) > 0.5 and y offset 12s and rate(z[3s]) and max_over_time(w[3s:1s])"
+    assert model.scale_duration("10m", 1 / 300, 1) == "2s"
+    assert model.scale_expr(expr, 1, 3) == expr
+    with pytest.raises(ValueError):
+        model.parse_duration("10 minutes")
+
+
+def catalog_numbers(names: set[str]) -> set[float]:
+    catalog = default_catalog()
+    numbers = set()
+    for name in names:
+        spec = catalog.by_name(name)
+        for value in list(spec.healthy.values()) + list(spec.thresholds.values()):
+            numbers |= {float(value), -float(value)}
+    return numbers
+
+
+def dashboard_panels():
+    for path in sorted((REPO / "grafana" / "dashboards").glob("*.json")):
+        stack = list(json.loads(path.read_text()).get("panels", []))
+        while stack:
+            panel = stack.pop()
+            stack.extend(panel.get("panels", []))
+            yield path.name, panel
+
+
+def test_dashboard_thresholds_are_catalog_numbers():
+    """A panel drawing catalogued metrics colours them only at that metric's catalog numbers."""
+    known = {spec.name for spec in default_catalog().metrics}
+    checked = 0
+    for dashboard, panel in dashboard_panels():
+        exprs = " ".join(target.get("expr", "") for target in panel.get("targets", []))
+        names = set(re.findall(r"verl_[a-z0-9_]+", exprs)) & known
+        steps = (((panel.get("fieldConfig") or {}).get("defaults") or {}).get("thresholds") or {}).get("steps") or []
+        values = {float(step["value"]) for step in steps if step.get("value") is not None}
+        if names and values:
+            checked += 1
+            assert values <= catalog_numbers(names), f"{dashboard} / {panel.get('title')}: {values}"
+    if checked == 0:
+        pytest.skip("no generated dashboards in grafana/dashboards/ to compare")
+    assert checked >= 5
