@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools demo exporter-demo test bench dashboards clean
+.PHONY: install tools demo exporter-demo test bench generate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,18 +26,27 @@ tools:
 	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter >/dev/null; \
 	fi
 
-# The exporter following a simulated verl run, with 8 fake GPUs.
+# The exporter following a simulated verl run (SCENARIO, default lr-too-high) with 8 fake GPUs, a
+# real Prometheus with the shipped rules and a real Alertmanager, all on 127.0.0.1; prints the URLs.
+demo: install tools
+	$(PY) scripts/demo.py --scenario $(SCENARIO) --exporter-port $(PORT)
+
+# Only the exporter, following a simulated healthy run.
 exporter-demo: install
 	$(PY) -m verl_exporter --simulate healthy --gpu.fake healthy:8 --web.listen-address :$(PORT)
-
-demo: exporter-demo
 
 test: install tools
 	$(PY) -m pytest -q
 
-# Regenerate grafana/dashboards/*.json from the dashboard code.
-dashboards: install
+# Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
+# rule evaluation at scale. Prints tables and writes bench-results/*.json. About 12 minutes.
+bench: install tools
+	$(PY) tests/benchmarks/run.py
+
+# Regenerate grafana/dashboards/*.json, the alert rules, runbook and docs/alerts.md from their code.
+generate: install
 	PYTHONPATH=grafana $(PY) -m verl_dashboards
+	$(PY) alerts/generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .demo bench-results

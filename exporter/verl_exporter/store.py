@@ -1,8 +1,13 @@
 """RunStore: the latest value of every metric of every run, and each run's step clock.
 
 Sources write into it (``ingest``, ``parse_error``); the training collector reads a snapshot at
-scrape time. Thread-safe and bounded: at most ``max_runs`` runs and ``max_series_per_run`` series
-per run; what the caps drop is counted. Nothing is removed while the exporter runs.
+scrape time. Thread-safe and bounded: at most ``max_runs`` runs and ``max_series_per_run`` verl
+keys per run; what the caps drop is counted. Nothing is removed while the exporter runs.
+
+Ingestion is the hot path (every key of every logged line), so ``ingest`` only records each run's
+latest raw values. A source may hand over values still as the text it read (``"0.125"``), already
+checked to look numeric: they are converted once, when a snapshot first sees them, and names and
+units are applied to the latest values only, at scrape time.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 
 @dataclass
 class RunState:
-    """What is known of one run."""
+    """What is known of one run. ``values`` maps verl keys to their latest value; ``series`` (on
+    snapshot copies) maps each exported series to its metric and value in base units."""
 
     run: RunKey
     source: str = ""
@@ -27,9 +33,10 @@ class RunState:
     last_step_time: float | None = None
     steps_ingested: int = 0
     finished: bool = False
-    series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
+    values: dict[str, float | str] = field(default_factory=dict)
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
+    series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
 
     def copy(self) -> "RunState":
         return RunState(
@@ -39,7 +46,7 @@ class RunState:
             last_step_time=self.last_step_time,
             steps_ingested=self.steps_ingested,
             finished=self.finished,
-            series=dict(self.series),
+            values=dict(self.values),
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
         )
@@ -62,6 +69,7 @@ class RunStore:
         self.max_runs = max_runs
         self.max_error_sources = max_error_sources
         self._runs: dict[RunKey, RunState] = {}
+        self._unconverted: set[RunKey] = set()
         self._parse_errors: Counter = Counter()
         self._runs_dropped = 0
         self._lock = threading.Lock()
@@ -69,6 +77,11 @@ class RunStore:
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
+        values = record.values
+        try:
+            total = sum(values.values())
+        except TypeError:  # values still as text: checked when converted
+            total = None
         with self._lock:
             state = self._runs.get(record.run)
             if state is None:
@@ -86,17 +99,80 @@ class RunStore:
                 state.steps_ingested += 1
                 state.finished = False
             state.last_step_time = record.time
-            # One tight loop, no call per key: this runs for every key of every logged line.
-            series, entries, cap = state.series, self._entries, self.max_series_per_run
-            for key, value in record.values.items():
-                entry = entries.get(key) or self._entry(key)
-                if entry[0] not in series and len(series) >= cap:
-                    if len(state.dropped_keys) < 100_000:
-                        state.dropped_keys.add(key)
-                    continue
-                if value - value != 0:  # NaN or +/-inf
-                    state.nonfinite[key] += 1
-                series[entry[0]] = (entry[1], value * entry[2])
+            latest = state.values
+            if len(latest) + len(values) <= self.max_series_per_run:
+                latest.update(values)
+            else:
+                self._update_capped(state, values)
+            if total is None:
+                self._unconverted.add(record.run)
+            elif total - total != 0:  # a NaN or an infinity among the values
+                for key, value in values.items():
+                    if value - value != 0 and key in latest:
+                        state.nonfinite[key] += 1
+
+    def _update_capped(self, state: RunState, values: dict) -> None:
+        latest, cap = state.values, self.max_series_per_run
+        for key, value in values.items():
+            if key in latest or len(latest) < cap:
+                latest[key] = value
+            elif len(state.dropped_keys) < 100_000:
+                state.dropped_keys.add(key)
+
+    def parse_error(self, source: str, reason: str = "") -> None:
+        """Count one line of ``source`` that could not be read."""
+        with self._lock:
+            self._count_error(source)
+
+    def _count_error(self, source: str) -> None:
+        if source not in self._parse_errors and len(self._parse_errors) >= self.max_error_sources:
+            source = "other"
+        self._parse_errors[source] += 1
+
+    def snapshot(self) -> StoreSnapshot:
+        """A consistent copy of everything, for one scrape, with every series in base units."""
+        with self._lock:
+            for run in self._unconverted:
+                self._convert(self._runs[run])
+            self._unconverted.clear()
+            runs = [state.copy() for state in self._runs.values()]
+            snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped)
+        for state in runs:
+            self._fill_series(state)
+        return snapshot
+
+    def run(self, key: RunKey) -> RunState | None:
+        """A copy of one run's state (as a snapshot has it), or None."""
+        for state in self.snapshot().runs:
+            if state.run == key:
+                return state
+        return None
+
+    def _convert(self, state: RunState) -> None:
+        """Turn the run's values still held as text into floats; a value that is no number is
+        dropped and counted as a parse error of the run's source."""
+        for key, value in list(state.values.items()):
+            if type(value) is float:
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                del state.values[key]
+                self._count_error(state.source)
+                continue
+            if number - number != 0:
+                state.nonfinite[key] += 1
+            state.values[key] = number
+
+    def _fill_series(self, state: RunState) -> None:
+        """Name the run's latest values: one series per catalog metric and label set. Where two
+        spellings of one metric were logged, the catalog's own spelling wins."""
+        series = state.series
+        for key, value in state.values.items():
+            series_key, resolved, scale = self._entries.get(key) or self._entry(key)
+            if series_key in series and resolved.spec.key != key:
+                continue
+            series[series_key] = (resolved, value * scale)
 
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:
         """(series key, resolved metric, scale) of a verl key, cached like the catalog's lookups."""
@@ -105,25 +181,3 @@ class RunStore:
         if len(self._entries) < 100_000:
             self._entries[key] = entry
         return entry
-
-    def parse_error(self, source: str, reason: str = "") -> None:
-        """Count one line of ``source`` that could not be read."""
-        with self._lock:
-            if source not in self._parse_errors and len(self._parse_errors) >= self.max_error_sources:
-                source = "other"
-            self._parse_errors[source] += 1
-
-    def snapshot(self) -> StoreSnapshot:
-        """A consistent copy of everything, for one scrape."""
-        with self._lock:
-            return StoreSnapshot(
-                runs=[state.copy() for state in self._runs.values()],
-                parse_errors=dict(self._parse_errors),
-                runs_dropped=self._runs_dropped,
-            )
-
-    def run(self, key: RunKey) -> RunState | None:
-        """A copy of one run's state, or None."""
-        with self._lock:
-            state = self._runs.get(key)
-            return state.copy() if state else None

@@ -24,6 +24,8 @@ class RecordingStore:
         self.lock = threading.Lock()
 
     def ingest(self, record):
+        # Sources may pass numbers as their text; the real store converts them when scraped.
+        record.values = {key: float(value) for key, value in record.values.items()}
         with self.lock:
             self.records.append(record)
 

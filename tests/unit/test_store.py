@@ -114,3 +114,25 @@ def test_concurrent_ingest_and_snapshot_lose_nothing():
         state = store.run(run)
         assert state.steps_ingested == 500 and state.last_step == 499
         assert len(state.series) == 51
+
+
+def test_values_read_as_text_are_converted_once_and_bad_ones_counted():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/pg_loss": "-0.005", "timing_s/gen": "21.47", "a": "1-2", "b": "1e999"},
+                        source="/logs/run.log"))
+    snapshot = store.snapshot()
+    values = series(store)
+    assert values["verl_actor_pg_loss()"] == -0.005 and values["verl_timing_gen_seconds()"] == 21.47
+    assert values["verl_b()"] == math.inf and "verl_a()" not in values
+    assert snapshot.parse_errors == {"/logs/run.log": 1}
+    assert snapshot.runs[0].nonfinite == {"b": 1}
+    store.snapshot()  # converted once: no second count
+    assert store.snapshot().parse_errors == {"/logs/run.log": 1}
+    assert store.snapshot().runs[0].nonfinite == {"b": 1}
+
+
+def test_two_spellings_in_one_run_the_catalog_spelling_wins():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/entropy": 0.4}))
+    store.ingest(Record(RUN, 2, {"actor/entropy_loss": 0.5}))
+    assert series(store) == {"verl_actor_entropy()": 0.4}

@@ -150,7 +150,7 @@ class Source:
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
         after_step, state.after_step = state.after_step, False
-        parsed = parse_console_line(line)
+        parsed = parse_console_line(line, lazy=True)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)

@@ -8,11 +8,23 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 from verl_exporter.records import ParseError, to_float
 
 _decode = json.JSONDecoder().decode
 _FLOAT = {float}
 _FLOAT_OR_INT = {float, int}
+
+
+def _loads(line: str):
+    """orjson where it can (4x faster than json here); Python's json for what orjson refuses: the
+    NaN and Infinity that json.dumps writes, 1e999, deep nesting, and malformed lines (for its
+    error message)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return _decode(line)
 
 
 def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
@@ -25,7 +37,7 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
     if not line or line.isspace():
         return None
     try:
-        obj = _decode(line)
+        obj = _loads(line)
     except ValueError as exc:
         raise ParseError(f"malformed JSON: {_short(exc)}") from None
     except RecursionError:
@@ -33,6 +45,9 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
     if not isinstance(obj, dict):
         raise ParseError(f"expected a JSON object, got {type(obj).__name__}")
     step = obj.get("step")
+    if type(step) is float:  # orjson reads integers beyond 64 bits as floats; json does not
+        obj = _decode(line)
+        step = obj.get("step")
     if type(step) is not int:
         if "step" not in obj:
             raise ParseError("missing step")
