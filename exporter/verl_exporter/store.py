@@ -78,10 +78,10 @@ class RunStore:
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
         values = record.values
-        try:
+        if type(next(iter(values.values()), 0.0)) is str:
+            total = None  # values still as text (a source's choice for a whole record): checked when converted
+        else:
             total = sum(values.values())
-        except TypeError:  # values still as text: checked when converted
-            total = None
         with self._lock:
             state = self._runs.get(record.run)
             if state is None:

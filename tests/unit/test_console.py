@@ -159,3 +159,26 @@ def test_finished_line():
     assert is_finished_line("\x1b[36m(TaskRunner pid=1)\x1b[0m Final \x1b[1mvalidation\x1b[0m metrics: {}")
     assert not is_finished_line("Initial validation metrics: {'a': 0.5}")
     assert not is_finished_line("step:1 - a:1")
+
+
+@pytest.mark.parametrize("line", [
+    "(TaskRunner pid=1) step:3 - actor/pg_loss:-0.005 - actor/ppo_kl:-8.163164312320433e-06 - perf/total_num_tokens:98304",
+    "step:3 - a:1 - critic/lr(1e-4):0.100 - val-core/openai/gsm8k/acc/mean@1:0.5",
+    "step:3 - a:nan - b:inf - c:0.5",
+    "step:3 - a:np.float64(0.25) - b:2",
+    "step:3 - key:with:colons:0.5 - b:2",
+    "step:3 - a:1 - b:True",
+])
+def test_lazy_parsing_reads_the_same_numbers(line):
+    step, lazy_values = parse_console_line(line, lazy=True)
+    eager_step, eager_values = parse_console_line(line)
+    converted = {key: float(value) for key, value in lazy_values.items()}
+    assert step == eager_step and converted.keys() == eager_values.keys()
+    for key, value in eager_values.items():
+        assert converted[key] == value or (math.isnan(value) and math.isnan(converted[key]))
+
+
+def test_lazy_parsing_keeps_plain_numbers_as_text_and_falls_back_otherwise():
+    assert parse_console_line("step:3 - a:1 - b:-2.5e-06", lazy=True) == (3, {"a": "1", "b": "-2.5e-06"})
+    assert parse_console_line("step:3 - a:nan - b:1", lazy=True)[1]["b"] == 1.0  # floats, not text
+    assert parse_console_line("step:3 - k:x:0.5 - b:1", lazy=True)[1] == {"k:x": 0.5, "b": 1.0}

@@ -150,7 +150,8 @@ class Source:
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
         after_step, state.after_step = state.after_step, False
-        parsed = parse_console_line(line, lazy=True)
+        # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
+        parsed = parse_console_line(line, lazy=True) if "step:" in line or "\x1b" in line else None
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)

@@ -7,6 +7,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass, field
+from itertools import repeat
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class FileFollower:
                     else:
                         out.append((path, raw.decode("utf-8", "replace")))
                 return
-        out.extend((path, line) for line in block.decode("utf-8", "replace").split("\n"))
+        out.extend(zip(repeat(path), block.decode("utf-8", "replace").split("\n")))
 
     def _drop(self, path: str, size: int) -> None:
         self.oversize_lines += 1
