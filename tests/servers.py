@@ -32,8 +32,9 @@ def free_port() -> int:
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 20.0, interval: float = 0.1,
-               message: str = "condition") -> object:
-    """Poll ``condition`` until it returns something truthy; fail the test after ``timeout`` s."""
+               message: str = "condition", fail: Callable[[str], object] = pytest.fail) -> object:
+    """Poll ``condition`` until it returns something truthy; after ``timeout`` s call ``fail``
+    with the reason (by default: fail the test)."""
     deadline = time.monotonic() + timeout
     last_error = None
     while time.monotonic() < deadline:
@@ -44,7 +45,7 @@ def wait_until(condition: Callable[[], object], timeout: float = 20.0, interval:
         except Exception as exc:  # the thing being waited for may not be up yet
             last_error = exc
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {message}" + (f" (last error: {last_error})" if last_error else ""))
+    fail(f"timed out after {timeout:g}s waiting for {message}" + (f" (last error: {last_error})" if last_error else ""))
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

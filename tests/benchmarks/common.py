@@ -26,6 +26,8 @@ if str(TESTS) not in sys.path:
 
 import psutil  # noqa: E402
 
+import servers  # noqa: E402
+
 # What Prometheus (Debian's 2.42) sends on a scrape; both exporters are scraped with it.
 SCRAPE_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -199,17 +201,11 @@ def sample_values(text: str, name: str) -> list[tuple[dict, float]]:
 
 def wait_for(condition, timeout: float, interval: float = 0.1, what: str = "condition"):
     """Poll ``condition`` until truthy; BenchmarkError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-            if result:
-                return result
-        except Exception as exc:  # the thing waited for may not be up yet
-            last_error = exc
-        time.sleep(interval)
-    raise BenchmarkError(f"timed out after {timeout:g}s waiting for {what}" + (f": {last_error}" if last_error else ""))
+
+    def fail(reason: str):
+        raise BenchmarkError(reason)
+
+    return servers.wait_until(condition, timeout, interval, message=what, fail=fail)
 
 
 # -- processes -----------------------------------------------------------------------------------
