@@ -1,232 +1,36 @@
-"""A simulated verl run: PPO or GRPO metrics, step by step, in verl's JSONL or console format.
+"""A simulated verl run written in verl's JSONL or console format, step by step.
 
 Lets anyone see live metrics and firing alerts without a GPU (``verl-exporter simulate``), and gives
-the tests and benchmarks realistic input. Each scenario moves the values the way the examples of
-metrics-guide.md do. Values are pure functions of (scenario, step, seed); I/O comes last.
+the tests and benchmarks realistic input. The values come from ``scenarios``; this module formats
+them as verl does, adds the console's other output, and writes live runs and big files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import threading
 from pathlib import Path
 from typing import Iterator
 
-SCENARIOS: dict[str, str] = {
-    "healthy": "score rises 0.15 -> 0.8, pg_clipfrac 0.1-0.2, ppo_kl 0.002-0.006, the critic converges",
-    "lr-too-high": "pg_clipfrac ~0.8, ppo_kl ~0.1, actor/grad_norm pinned at the clip value 1.0, score flat",
-    "critic-underfit": "vf_explained_var stays negative, vf_loss stuck near 45, vpred_mean far below returns",
-    "entropy-collapse": "entropy 0.6 -> 0.05 within ~10 steps, ppo_kl -> 0.0001, score stops improving",
-    "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
-    "stall": "healthy, then the job hangs: no step is written after stall_after steps",
-    "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
-}
-ALGORITHMS = ("ppo", "grpo")
+from .scenarios import (  # noqa: F401  (re-exported: the simulated run's public names)
+    ALGORITHMS, N_GPUS, SAMPLES, SCENARIOS, VAL_KEYS, check, generate_steps, is_validation,
+    scale_timings, step_values, validation_values,
+)
+
 FORMATS = ("jsonl", "console")
 STYLES = ("full", "old", "numpy")
 PREFIX = "(TaskRunner pid=1234) "
 FINAL_MARKER = "Final validation metrics:"
-VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-core/openai/gsm8k/acc/mean@1",
-            "val-aux/openai/gsm8k/reward/std@1")
-
-N_GPUS = 8
-SAMPLES = 256  # responses per step (PPO: 256 prompts; GRPO: 64 prompts x rollout.n 4)
-STEPS_PER_EPOCH = 29  # GSM8K train split (7473 prompts) / 256
-GRAD_CLIP = 1.0
-TARGET_THROUGHPUT = 145.0  # tokens/s/GPU
-# Share of a step spent in each phase; the rest is overhead (reward, old log-probs, bookkeeping).
-PHASES = {
-    "ppo": {"gen": 0.40, "ref": 0.07, "values": 0.08, "adv": 0.002, "update_critic": 0.18, "update_actor": 0.24},
-    "grpo": {"gen": 0.46, "ref": 0.14, "adv": 0.003, "update_actor": 0.37},
-}
-
-
-def _targets(scenario: str, t: int) -> dict[str, float]:
-    """Noise-free headline values of a scenario at step t (1-based)."""
-    def decay(tau: float) -> float:
-        return math.exp(-t / tau)
-
-    v = {
-        "score": 0.15 + 0.65 * (1 - decay(40)),
-        "pg_clipfrac": 0.15 + 0.03 * math.sin(t / 7),
-        "ppo_kl": 0.004 + 0.0012 * math.sin(t / 5),
-        "pg_loss": -0.005 * decay(40),
-        "entropy": 0.38 + 0.42 * decay(90),
-        "grad_norm": 0.95 + 0.3 * math.sin(t / 3),
-        "grad_norm_pinned": 0.0,
-        "vf_loss": 0.6 + 14.4 * decay(25),
-        "explained_var": 0.87 - 1.07 * decay(35),
-        "returns": math.nan,  # NaN: returns follow the rewards
-        "vpred_gap": -2.05 * decay(20),  # vpred_mean - returns/mean
-        "response_mean": 180 + 15 * (1 - decay(60)),
-        "response_clip": 0.01,
-        "max_response": 512.0,
-    }
-    if scenario == "lr-too-high":
-        v.update(pg_clipfrac=0.8 + 0.04 * math.sin(t / 2), ppo_kl=0.1 + 0.02 * math.sin(t / 3),
-                 pg_loss=0.5 + 0.03 * math.sin(t / 4), grad_norm=GRAD_CLIP, grad_norm_pinned=1.0, score=0.003)
-    elif scenario == "critic-underfit":
-        v.update(vf_loss=45.0, explained_var=-0.2, returns=5.7, vpred_gap=-5.6,
-                 score=0.15 + 0.15 * (1 - decay(60)))
-    elif scenario == "entropy-collapse":
-        early = math.exp(-(t - 1) / 2.7)  # 1 at the first step
-        v.update(entropy=0.03 + 0.57 * early, ppo_kl=0.0001 + 0.004 * early, pg_clipfrac=0.01 + 0.14 * early,
-                 score=0.15 + 0.15 * (1 - early))
-    elif scenario == "truncation":
-        v.update(response_mean=253.8, response_clip=0.85, max_response=256.0)
-    return v
 
 
 def _check(scenario: str, algorithm: str = "ppo", fmt: str = "jsonl", style: str = "full") -> None:
-    for what, value, known in (("scenario", scenario, SCENARIOS), ("algorithm", algorithm, ALGORITHMS),
-                               ("format", fmt, FORMATS), ("console style", style, STYLES)):
+    check(scenario, algorithm)
+    for what, value, known in (("format", fmt, FORMATS), ("console style", style, STYLES)):
         if value not in known:
             raise ValueError(f"unknown {what} {value!r}; one of {', '.join(known)}")
-
-
-def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "ppo",
-                nan_after: int = 15) -> dict[str, float]:
-    """The training metrics verl logs at ``step`` of a scenario, keyed by verl key."""
-    _check(scenario, algorithm)
-    rng = random.Random(f"{seed}/{scenario}/{algorithm}/{step}")
-    ppo = algorithm == "ppo"
-    tg = _targets(scenario, step)
-
-    def jit(x: float, rel: float) -> float:
-        return x * (1 + rng.uniform(-rel, rel))
-
-    def clamp(x: float, lo: float, hi: float) -> float:
-        return min(hi, max(lo, x))
-
-    m: dict[str, float] = {}
-    # Lengths and tokens first: timings and throughput follow from them.
-    prompt_tokens = round(SAMPLES * jit(100.0, 0.01))
-    response_mean = min(jit(tg["response_mean"], 0.01), tg["max_response"] - 0.1)
-    response_tokens = round(SAMPLES * response_mean)
-    total_tokens = prompt_tokens + response_tokens
-    clip = clamp(jit(tg["response_clip"], 0.05), 0.0, 1.0)
-    score = clamp(jit(tg["score"], 0.04), 0.0, 1.0)
-    rkl = 0.02 * (1 - math.exp(-step / 50)) * (1 + rng.uniform(-0.05, 0.05))
-    rewards = score - 0.001 * rkl * response_mean if ppo else score
-    returns = jit(tg["returns"], 0.01) if not math.isnan(tg["returns"]) else rewards
-    adv = (rng.uniform(-0.03, 0.03), jit(2.3, 0.05), -jit(2.3, 0.05))
-    warmup = min(1.0, step / 10)
-
-    if ppo:
-        vpred = returns + jit(tg["vpred_gap"], 0.05)
-        m.update({
-            "critic/vf_loss": jit(tg["vf_loss"], 0.03),
-            "critic/vf_clipfrac": clamp(jit(0.12 + 0.05 * math.sin(step / 6), 0.1), 0.0, 1.0),
-            "critic/vpred_mean": vpred,
-            "critic/grad_norm": jit(2.0 + 1000.0 * math.exp(-step / 25), 0.05),
-            "critic/lr": 1e-5 * warmup,
-        })
-    m.update({
-        "actor/pg_loss": tg["pg_loss"] + rng.uniform(-0.001, 0.001),
-        "actor/pg_clipfrac": clamp(jit(tg["pg_clipfrac"], 0.05), 0.0, 1.0),
-        "actor/pg_clipfrac_lower": jit(0.004 + 0.05 * tg["pg_clipfrac"] ** 2, 0.2),
-        "actor/ppo_kl": jit(tg["ppo_kl"], 0.05),
-        "actor/entropy": jit(tg["entropy"], 0.01),
-        "actor/grad_norm": tg["grad_norm"] if tg["grad_norm_pinned"] else jit(tg["grad_norm"], 0.08),
-        "actor/lr": 1e-6 * warmup,
-    })
-    if ppo:
-        m.update({"actor/reward_kl_penalty": rkl, "actor/reward_kl_penalty_coeff": 0.001})
-    else:
-        m.update({"actor/kl_loss": jit(0.002 + 0.03 * (1 - math.exp(-step / 40)), 0.05), "actor/kl_coef": 0.001})
-    m.update({
-        "critic/score/mean": score, "critic/score/max": 1.0 if score > 0 else 0.0, "critic/score/min": 0.0,
-        "critic/rewards/mean": rewards, "critic/rewards/max": 1.0 - 0.001 * rkl * 40 if ppo else 1.0,
-        "critic/rewards/min": -0.001 * rkl * tg["max_response"] * 1.5 if ppo else 0.0,
-        "critic/advantages/mean": adv[0], "critic/advantages/max": adv[1], "critic/advantages/min": adv[2],
-    })
-    if ppo:
-        values_mean = vpred + rng.uniform(-0.02, 0.02)
-        m.update({
-            "critic/returns/mean": returns,
-            "critic/returns/max": max(m["critic/rewards/max"], returns * 1.7),
-            "critic/returns/min": min(m["critic/rewards/min"], returns * 0.2),
-            "critic/values/mean": values_mean,
-            "critic/values/max": values_mean + jit(1.2, 0.05),
-            "critic/values/min": values_mean - jit(1.5, 0.05),
-            "critic/vf_explained_var": tg["explained_var"] + rng.uniform(-0.03, 0.03),
-        })
-    else:  # GRPO's returns are its advantages
-        m.update({"critic/returns/mean": adv[0], "critic/returns/max": adv[1], "critic/returns/min": adv[2]})
-    m.update({
-        "response_length/mean": response_tokens / SAMPLES,
-        "response_length/max": tg["max_response"],
-        "response_length/min": float(round(jit(tg["response_mean"] * 0.25 if clip < 0.5 else 180.0, 0.1))),
-        "response_length/clip_ratio": clip,
-        "prompt_length/mean": prompt_tokens / SAMPLES,
-        "prompt_length/max": float(round(jit(210.0, 0.05))),
-        "prompt_length/min": float(round(jit(45.0, 0.05))),
-        "prompt_length/clip_ratio": 0.0,
-    })
-    nominal = total_tokens / (TARGET_THROUGHPUT * N_GPUS) * (1 + rng.uniform(-0.015, 0.015))
-    phases = {name: share * nominal * (1 + rng.uniform(-0.02, 0.02)) for name, share in PHASES[algorithm].items()}
-    step_time = sum(phases.values()) + nominal * (1 - sum(PHASES[algorithm].values())) * (1 + rng.uniform(-0.1, 0.1))
-    m.update({f"timing_s/{name}": seconds for name, seconds in phases.items()})
-    m["timing_s/step"] = step_time
-    m.update({f"timing_per_token_ms/{name}": seconds * 1000 / (response_tokens if name == "gen" else total_tokens)
-              for name, seconds in phases.items()})
-    m.update({
-        "perf/total_num_tokens": total_tokens,
-        "perf/time_per_step": step_time,
-        "perf/throughput": total_tokens / (step_time * N_GPUS),
-        "perf/mfu/actor": jit(0.35, 0.03),
-    })
-    if ppo:
-        m["perf/mfu/critic"] = jit(0.28, 0.03)
-    m.update({
-        "perf/max_memory_allocated_gb": jit(45.2, 0.005),
-        "perf/max_memory_reserved_gb": 48.0,
-        "perf/cpu_memory_used_gb": 128.5 + 0.01 * step + rng.uniform(-0.1, 0.1),
-        "training/global_step": step,
-        "training/epoch": (step - 1) // STEPS_PER_EPOCH,
-    })
-    if scenario == "nan" and step >= nan_after:
-        m["actor/pg_loss"] = m["actor/grad_norm"] = math.nan
-        if ppo:
-            m["critic/vf_loss"] = math.inf
-    return m
-
-
-def validation_values(scenario: str, step: int, *, seed: int = 0) -> dict[str, float]:
-    """The validation metrics (GSM8K test split) verl logs at ``step``."""
-    _check(scenario)
-    rng = random.Random(f"{seed}/{scenario}/validation/{step}")
-    acc = min(1.0, max(0.0, _targets(scenario, step)["score"] * (1 + rng.uniform(-0.03, 0.03))))
-    return {VAL_KEYS[0]: acc, VAL_KEYS[1]: acc, VAL_KEYS[2]: math.sqrt(acc * (1 - acc))}
-
-
-def generate_steps(scenario: str, *, seed: int = 0, algorithm: str = "ppo", stall_after: int = 20,
-                   nan_after: int = 15, val_every: int = 10) -> Iterator[tuple[int, dict[str, float]]]:
-    """(step, values) from step 1 on, forever; validation comes as a second tuple at the same step.
-
-    The ``stall`` scenario stops yielding after ``stall_after`` steps.
-    """
-    _check(scenario, algorithm)
-
-    def steps() -> Iterator[tuple[int, dict[str, float]]]:
-        step = 1
-        while scenario != "stall" or step <= stall_after:
-            yield step, step_values(scenario, step, seed=seed, algorithm=algorithm, nan_after=nan_after)
-            if val_every > 0 and step % val_every == 0:
-                yield step, validation_values(scenario, step, seed=seed)
-            step += 1
-
-    return steps()
-
-
-def is_validation(values: dict[str, float]) -> bool:
-    """True for a validation tuple (``val-core/...``, ``val-aux/...`` keys)."""
-    return any(key.startswith("val-") for key in values)
-
 
 def format_jsonl(step: int, values: dict[str, float]) -> str:
     """One line as verl's FileLogger writes it (no newline)."""
@@ -277,28 +81,6 @@ def noise_lines(rng: random.Random, step: int = 1, total: int = 100) -> list[str
                 f"{done}/{total} [{step:02d}:{rng.randint(10, 59)}<1:43:21, {rng.uniform(60, 70):.2f}s/it, "
                 f"step:{step}/{total}]")
     return [*rng.sample(pool, rng.randint(1, 4)), progress]
-
-
-def scale_timings(values: dict[str, float], step_seconds: float) -> dict[str, float]:
-    """A copy whose timing_s/step is ``step_seconds``: phase and per-token timings scaled alike,
-    perf/time_per_step and perf/throughput to match. Values without timing_s/step are returned as is.
-    """
-    if not step_seconds > 0 or math.isinf(step_seconds):
-        raise ValueError(f"step_seconds must be a positive number, not {step_seconds!r}")
-    out = dict(values)
-    step = values.get("timing_s/step")
-    if step is None or not math.isfinite(step) or step <= 0:
-        return out
-    factor = step_seconds / step
-    for key, value in values.items():
-        if key.startswith(("timing_s/", "timing_per_token_ms/")):
-            out[key] = value * factor
-    out["timing_s/step"] = step_seconds
-    if "perf/time_per_step" in out:
-        out["perf/time_per_step"] = step_seconds
-    if "perf/throughput" in out:
-        out["perf/throughput"] = values["perf/throughput"] / factor
-    return out
 
 
 def _render(fmt: str, step: int, values: dict[str, float], style: str, noise: list[str]) -> str:

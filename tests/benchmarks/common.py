@@ -226,9 +226,12 @@ def rss_bytes(pid: int) -> int:
 
 def simulator_digest() -> str:
     """Changes whenever the simulator does, so cached files are rebuilt after it changes."""
-    import verl_exporter.simulate as simulate
+    from verl_exporter import scenarios, simulate
 
-    return hashlib.sha256(Path(simulate.__file__).read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for module in (scenarios, simulate):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def simulated_file(cache: Path, fmt: str, target_bytes: int, scenario: str = "healthy") -> tuple[Path, int]:
