@@ -68,8 +68,14 @@ class Settings(argparse.Namespace):
     """Parsed settings; attributes named by :func:`attr`."""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line and exit code 2, not the whole usage text."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="verl-exporter",
         description="Prometheus exporter for verl training runs, their GPUs and host. "
                     "Subcommand: 'verl-exporter simulate --help' writes a simulated run.",
@@ -87,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["metavar"] = "PATH"
         else:
             kwargs["type"] = option.type
+            kwargs["metavar"] = option.flag.rpartition(".")[2].upper().replace("-", "_")
         parser.add_argument(f"--{option.flag}", **kwargs)
     return parser
 
