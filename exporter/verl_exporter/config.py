@@ -39,8 +39,10 @@ OPTIONS = [
            "(repeatable)", multiple=True),
     Option("source.format", "auto", "jsonl, console, or auto (.jsonl/.json are JSONL, others console)"),
     Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
-    Option("project", None, "trainer.project_name of the run (default: the source file's directory name)"),
-    Option("experiment", None, "trainer.experiment_name of the run (default: the source file's name)"),
+    Option("project", None, "trainer.project_name of the run (default: from the config verl prints, "
+           "else the source file's directory name)"),
+    Option("experiment", None, "trainer.experiment_name of the run (default: from the config verl "
+           "prints, else the source file's name)"),
     Option("collector.training", True, "training metrics from the sources", switch=True),
     Option("collector.gpu", True, "GPU metrics through NVML", switch=True),
     Option("collector.host", True, "host and job metrics through psutil", switch=True),

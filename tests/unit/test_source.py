@@ -97,7 +97,24 @@ def test_console_log_with_finished_marker(tmp_path):
     ]
     assert store.records[-1].values == {}
     assert {r.source for r in store.records} == {str(tmp_path / "train.log")}
-    assert {r.run for r in store.records} == {RunKey(tmp_path.name, "train")}
+    # named by trainer.project_name / experiment_name from the config verl prints first
+    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "qwen2_7b_function_rm")}
+
+
+def test_console_run_names_flags_win_over_the_printed_config(tmp_path):
+    shutil.copy(FIXTURES / "verl_console.log", tmp_path / "train.log")
+    store = RecordingStore()
+    Source(str(tmp_path / "train.log"), store, experiment="mine").poll()
+    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "mine")}
+
+
+def test_console_run_names_only_from_config_printed_before_the_first_step(tmp_path):
+    log = tmp_path / "proj" / "train.log"
+    log.parent.mkdir()
+    log.write_text("step:1 - a:1\n(main_task pid=1) {'trainer': {'project_name': 'late'}}\nstep:2 - a:2\n")
+    store = RecordingStore()
+    Source(str(log), store).poll()
+    assert {r.run for r in store.records} == {RunKey("proj", "train")}
 
 
 def test_old_console_log_and_forced_format(tmp_path):

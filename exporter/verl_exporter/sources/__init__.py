@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -29,6 +30,7 @@ __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "console")
+_CONFIG_NAME = re.compile(r"'(project|experiment)_name': '([^'\\]+)'")  # in verl's printed config
 WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest are counted
 
 
@@ -149,6 +151,8 @@ class Source:
             state.last_step = parsed[0]
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
+        if state.last_step is None and "_name': '" in line:
+            self._name_run_from_config(state, line)
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
         parsed = parse_console_line(line, lazy=True) if "step:" in line or "\x1b" in line else None
@@ -164,6 +168,15 @@ class Source:
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
         return None
+
+    def _name_run_from_config(self, state: _FileState, line: str) -> None:
+        """verl prints its config before the first step; its trainer.project_name and
+        trainer.experiment_name name the run better than the log's path (flags still win)."""
+        names = dict(_CONFIG_NAME.findall(line))
+        state.run = RunKey(
+            state.run.project if self.project else names.get("project", state.run.project),
+            state.run.experiment if self.experiment else names.get("experiment", state.run.experiment),
+        )
 
     def _reject(self, path: str, reason: str, now: float) -> None:
         try:
