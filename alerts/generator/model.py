@@ -118,8 +118,8 @@ def format_number(value: float) -> str:
 def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None) -> str:
     """Replace each ``${verl/key:name}`` with the catalog's threshold (or ``healthy.min|max``).
 
-    ``extra`` holds thresholds that are not verl metrics: ``${gpu:hot_celsius}`` reads
-    ``extra["gpu"]["hot_celsius"]``.
+    ``extra`` holds thresholds that are not verl metrics: ``${system:gpu_hot_celsius}`` reads
+    ``extra["system"]["gpu_hot_celsius"]``.
     """
 
     def value(match: re.Match) -> str:

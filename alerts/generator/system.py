@@ -1,6 +1,6 @@
 """Performance, operations and GPU/host alerts, and the fleet recording rules.
 
-GPU and host thresholds are not verl metrics, so they live here, in ``GPU_THRESHOLDS``.
+GPU and host thresholds are not verl metrics: they are the catalog's ``system`` section.
 """
 
 from __future__ import annotations
@@ -10,11 +10,6 @@ from .model import DURATION, GPU, NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
 
-GPU_THRESHOLDS = {
-    "hot_celsius": 85,  # H100/A100 slow down from about 87-90 °C
-    "idle_utilization": 0.1,
-    "host_memory_available_min": 0.1,
-}
 # XIDs that mean the GPU or its memory failed: the job cannot continue on this GPU.
 # 48 double-bit ECC, 61/62 internal micro-controller, 63/64 row remapping, 74 NVLink, 79 fallen off
 # the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 ECC unrecovered.
@@ -249,9 +244,9 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
     ),
     Alert(
         "VerlGpuHot", "warning",
-        "verl_gpu_temperature_celsius > ${gpu:hot_celsius}", "5m",
+        "verl_gpu_temperature_celsius > ${system:gpu_hot_celsius}", "5m",
         "A GPU runs hot.",
-        f"{_GPU_INFO} is at {NUMBER} °C (limit ${{gpu:hot_celsius}} °C).",
+        f"{_GPU_INFO} is at {NUMBER} °C (limit ${{system:gpu_hot_celsius}} °C).",
         "Above about 85 °C data-centre GPUs get close to thermal slowdown.",
         "Check the node's cooling (fans, airflow, inlet temperature) and neighbouring GPUs.",
     ),
@@ -266,7 +261,7 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
     ),
     Alert(
         "VerlGpusIdle", "warning",
-        "avg by (job, instance) (verl_gpu_utilization_ratio) < ${gpu:idle_utilization}"
+        "avg by (job, instance) (verl_gpu_utilization_ratio) < ${system:gpu_idle_utilization}"
         " and on(job, instance) ((verl_job_running == 1)"
         " or (max by (job, instance) (verl_training_finished == 0) unless on(job, instance) verl_job_running))",
         "10m",
@@ -278,7 +273,7 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
     ),
     Alert(
         "VerlHostMemoryNearlyFull", "warning",
-        "verl_host_memory_available_bytes / verl_host_memory_total_bytes < ${gpu:host_memory_available_min}",
+        "verl_host_memory_available_bytes / verl_host_memory_total_bytes < ${system:host_memory_available_min}",
         "5m",
         "The host is nearly out of memory.",
         "Host {{ $labels.instance }} has only " + PERCENT + " of its memory available.",

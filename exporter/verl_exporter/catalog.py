@@ -116,9 +116,11 @@ class Resolved:
 class Catalog:
     """Looks up verl keys; loads ``catalog.yaml`` once."""
 
-    def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]]):
+    def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]],
+                 system: dict[str, float] | None = None):
         self.metrics = metrics
         self.families = families
+        self.system = dict(system or {})  # thresholds of GPU, host and job metrics
         self._by_key: dict[str, MetricSpec] = {}
         for spec in metrics:
             for key in (spec.key,) + spec.aliases:
@@ -142,7 +144,7 @@ class Catalog:
                 label_names=tuple(pattern.groupindex),
             )
             families.append((pattern, spec))
-        return cls(metrics, families)
+        return cls(metrics, families, data.get("system"))
 
     def spec(self, key: str) -> MetricSpec:
         """The catalog entry for a verl key or alias; KeyError if it is not listed."""

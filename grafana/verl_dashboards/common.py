@@ -48,9 +48,14 @@ UNITS = {
 
 GREEN, ORANGE, RED, NEUTRAL = "green", "orange", "red", "text"
 
-# A run without a new step for this long counts as stalled. Between the catalog's slowest healthy step
-# (timing_s/step, 120 s) and this, "time since last step" is orange.
-STALLED_AFTER_SECONDS = 600
+# Thresholds of GPU, host and job metrics, shared with the alert rules.
+SYSTEM = default_catalog().system
+
+# A run without a new step for this long counts as stalled: VerlTrainingStalled's limit for a run whose
+# step time is not known yet (stalled_steps x the catalog's slowest healthy step, 5 x 120 s). Between
+# the slowest healthy step and this, "time since last step" is orange.
+_STEP = default_catalog().spec("timing_s/step")
+STALLED_AFTER_SECONDS = int(_STEP.thresholds["stalled_steps"] * _STEP.healthy["max"])
 
 
 def spec(name: str) -> MetricSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUNS, alert_annotation, datasource_variable, new_dashboard, query,
+    GREEN, NEUTRAL, ORANGE, RED, RUNS, SYSTEM, alert_annotation, datasource_variable, new_dashboard, query,
     query_variable, run_variables, spec, stat_panel, steps, timeseries_panel, to_json,
 )
 from .run_detail import GPU_BUSY_RATIO, GPU_CRITICAL_CELSIUS, GPU_HOT_CELSIUS, GPU_LEGEND
@@ -89,7 +89,7 @@ def utilization_row(dash: db.Dashboard) -> None:
 
 def thermals_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("Temperature, power and clocks"))
-    dash.with_panel(gpu_panel("Temperature", "GPU core temperature; orange from 80 °C, red from 90 °C.", "celsius",
+    dash.with_panel(gpu_panel("Temperature", f"GPU core temperature; orange from {GPU_HOT_CELSIUS} °C (VerlGpuHot), red from {GPU_CRITICAL_CELSIUS} °C.", "celsius",
                               steps(GREEN, (GPU_HOT_CELSIUS, ORANGE), (GPU_CRITICAL_CELSIUS, RED)),
                               "verl_gpu_temperature_celsius{{{sel}}}", width=6))
     dash.with_panel(timeseries_panel(
@@ -139,9 +139,12 @@ def processes_row(dash: db.Dashboard) -> None:
         steps(NEUTRAL), [query(f"verl_host_cpu_utilization_ratio{{{NODE}}}", "{{instance}}")],
         min_value=0, max_value=1))
     dash.with_panel(timeseries_panel(
-        "Host memory used", "Host memory in use over total (psutil); red when little is left for the "
-        "data loader and Ray's object store.", "percentunit", steps(GREEN, (0.9, ORANGE), (0.95, RED)),
-        [query(f"verl_host_memory_used_bytes{{{NODE}}} / verl_host_memory_total_bytes{{{NODE}}}", "{{instance}}")],
+        "Host memory used", "Share of host memory not available to new allocations (1 - available / total, "
+        "psutil); orange where VerlHostMemoryNearlyFull fires, red when little is left for the data loader "
+        "and Ray's object store.", "percentunit",
+        steps(GREEN, (1 - SYSTEM["host_memory_available_min"], ORANGE), (SYSTEM["host_memory_used_critical"], RED)),
+        [query(f"1 - verl_host_memory_available_bytes{{{NODE}}} / verl_host_memory_total_bytes{{{NODE}}}",
+               "{{instance}}")],
         min_value=0, max_value=1))
 
 

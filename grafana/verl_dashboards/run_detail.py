@@ -11,7 +11,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUN, alert_annotation, datasource_variable, describe, healthy_steps,
+    GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, alert_annotation, datasource_variable, describe, healthy_steps,
     metric_panel, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
     timeseries_panel, to_json, unit_of,
 )
@@ -20,7 +20,7 @@ UID = "verl-run"
 TITLE = "verl / Run detail"
 PHASES = ("gen", "ref", "values", "adv", "update_critic", "update_actor")
 GPU_LEGEND = "{{instance}} GPU {{gpu}}"
-GPU_HOT_CELSIUS, GPU_CRITICAL_CELSIUS = 80, 90
+GPU_HOT_CELSIUS, GPU_CRITICAL_CELSIUS = SYSTEM["gpu_hot_celsius"], SYSTEM["gpu_critical_celsius"]
 GPU_BUSY_RATIO = 0.5
 
 
@@ -58,7 +58,7 @@ def progress_row(dash: db.Dashboard) -> None:
     dash.with_panel(stat_panel(
         "Time since last step",
         "Seconds since the run's last step was read. Orange past the slowest healthy step "
-        f"(timing_s/step healthy max), red once the run counts as stalled.", "s", since_last_step_steps(),
+        "(timing_s/step healthy max), red once the run counts as stalled.", "s", since_last_step_steps(),
         [query(f"time() - verl_training_last_step_timestamp_seconds{{{RUN}}}", "since last step",
                instant=True)], width=4, height=8))
 
