@@ -72,8 +72,6 @@ class Exporter:
         patterns = list(settings.source)
         if settings.simulate:
             patterns.append(self._start_simulation())
-        if not patterns and settings.collector_training:
-            log.warning("no --source given: serving GPU and host metrics only")
         sources = [
             Source(pattern, self.store, fmt=settings.source_format, project=settings.project,
                    experiment=settings.experiment)
@@ -107,11 +105,15 @@ class Exporter:
             if settings.gpu_fake:
                 from .fake_nvml import fake_backend_from_spec
 
-                self.gpu_backend = fake_backend_from_spec(settings.gpu_fake)
+                try:
+                    self.gpu_backend = fake_backend_from_spec(settings.gpu_fake,
+                                                              pcie_throughput=settings.gpu_pcie_throughput)
+                except ValueError as exc:
+                    raise config.ConfigError(f"--gpu.fake: {exc}") from None
             else:
                 from .nvml import NvmlBackend
 
-                self.gpu_backend = NvmlBackend()
+                self.gpu_backend = NvmlBackend(pcie_throughput=settings.gpu_pcie_throughput)
             collectors["gpu"] = GpuCollector(self.gpu_backend, job=job, timeout_seconds=settings.gpu_timeout)
         if settings.collector_host:
             from .collectors.host import HostCollector
@@ -145,6 +147,8 @@ class Exporter:
         return not any(source.behind for source in self.ingestor.sources)
 
     def start(self, address: tuple[str, int]) -> None:
+        if not self.ingestor.sources and self.settings.collector_training:
+            log.warning("no --source given: serving GPU and host metrics only")
         self.ingestor.poll_all()  # a first bounded read, so /-/ready means something at once
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):

@@ -49,6 +49,8 @@ OPTIONS = [
     Option("job.pid", None, "PID of the training job; its child processes count too", int),
     Option("job.match", None, "regular expression on the command line of the job's processes"),
     Option("gpu.timeout", 2.0, "seconds one scrape may spend in NVML", float),
+    Option("gpu.pcie-throughput", False, "also sample PCIe throughput (NVML takes ~20 ms per GPU and "
+           "direction for it)", switch=True),
     Option("gpu.fake", None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)"),
     Option("store.max-series-per-run", 2000, "cap on exported series per run", int),
     Option("store.max-runs", 1000, "cap on runs followed", int),

@@ -108,6 +108,7 @@ def run_cli(*args, timeout=30):
 @pytest.mark.parametrize("args, message", [
     (["--no-such-flag"], "unrecognized arguments"),
     (["--job.pid", "abc"], "invalid int value"),
+    (["--gpu.fake", "healthy:many", "--web.listen-address", "127.0.0.1:0"], "bad fake GPU spec"),
     (["--web.listen-address", "nonsense"], "invalid listen address"),
     (["--config.file", "/nonexistent/exporter.yml"], "cannot read config file"),
     (["--simulate", "no-such-scenario", "--web.listen-address", "127.0.0.1:0"], "unknown scenario"),
