@@ -19,14 +19,15 @@ class Record:
     """The values verl logged for one run at one step.
 
     ``values`` maps the verl key exactly as logged (``actor/pg_clipfrac``) to a float, which may be
-    NaN or +/-Inf. ``time`` is the wall-clock time (unix seconds) at which the record was read.
+    NaN or +/-Inf, or, where a source defers the conversion, to the number's text (``"0.125"``):
+    the store converts it when it is scraped. ``time`` is the wall-clock time (unix seconds) at which the record was read.
     ``finished`` is set when the source saw verl's end-of-training marker; ``source`` names the
     file the record came from.
     """
 
     run: RunKey
     step: int
-    values: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float | str] = field(default_factory=dict)
     time: float = 0.0
     finished: bool = False
     source: str = ""
