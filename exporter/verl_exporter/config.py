@@ -7,6 +7,7 @@ given on the command line win over the file, the file over the defaults.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,11 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"--log.level must be debug, info, warn or error, not {settings.log_level!r}")
     if not settings.web_telemetry_path.startswith("/") or settings.web_telemetry_path.startswith("/-/"):
         raise ConfigError(f"--web.telemetry-path must start with / (and not /-/): {settings.web_telemetry_path!r}")
+    if settings.job_match:
+        try:
+            re.compile(settings.job_match)
+        except re.error as exc:
+            raise ConfigError(f"--job.match is not a valid regular expression: {exc}") from None
     for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs"):
         if getattr(settings, attr(flag)) <= 0:
             raise ConfigError(f"--{flag} must be positive")

@@ -58,6 +58,7 @@ def test_unreadable_config_file(tmp_path):
     (["--web.telemetry-path", "metrics"], "telemetry-path"),
     (["--store.max-runs", "0"], "max-runs"),
     (["--log.level", "chatty"], "log.level"),
+    (["--job.match", "("], "job.match"),
 ])
 def test_bad_values(argv, message):
     with pytest.raises(config.ConfigError, match=message):
