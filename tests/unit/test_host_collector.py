@@ -37,7 +37,9 @@ def value(values, name, **labels):
 @pytest.fixture
 def job_process():
     marker = f"verl-host-test-{uuid.uuid4().hex}"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)", marker],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"  # the interpreter is up, not still being exec'd
     yield proc, marker
     proc.kill()
     proc.wait()
