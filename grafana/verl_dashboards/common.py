@@ -198,12 +198,16 @@ def stat_panel(title: str, description: str, unit: str, step_list: list[Threshol
 
 # --- dashboards -------------------------------------------------------------------------------------
 
-def new_dashboard(uid: str, title: str, description: str) -> db.Dashboard:
-    """A read-only dashboard (the Python code is its source) linked to the other verl dashboards."""
-    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
+def new_dashboard(uid: str, title: str, description: str, variables: list, alerts_for: str) -> db.Dashboard:
+    """A read-only dashboard (the Python code is its source) linked to the other verl dashboards, with
+    ``variables`` and the firing alerts matching the selector ``alerts_for`` as annotations."""
+    dash = (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
             .refresh(REFRESH).time("now-3h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
             .link(db.DashboardLink("verl dashboards").type(DashboardLinkType.DASHBOARDS).tags(TAGS)
                   .as_dropdown(True).include_vars(True).keep_time(True)))
+    for variable in variables:
+        dash.with_variable(variable)
+    return dash.annotation(alert_annotation(alerts_for))
 
 
 def alert_annotation(selector: str) -> db.AnnotationQuery:

@@ -14,7 +14,7 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, Dynam
 
 from . import run_detail
 from .common import (
-    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUNS, STALLED_AFTER_SECONDS, alert_annotation, datasource_variable,
+    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUNS, STALLED_AFTER_SECONDS, datasource_variable,
     healthy_steps, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
     thresholds, timeseries_panel, to_json, unit_of,
 )
@@ -145,11 +145,8 @@ def fleet_gpus(dash: db.Dashboard) -> None:
 
 def build() -> dict:
     """The fleet overview dashboard as Grafana JSON."""
-    dash = new_dashboard(UID, TITLE, "Every verl run at a glance; click a run for its details.")
-    dash.with_variable(datasource_variable())
-    for variable in run_variables(multi=True):
-        dash.with_variable(variable)
-    dash.annotation(alert_annotation(RUNS))
+    dash = new_dashboard(UID, TITLE, "Every verl run at a glance; click a run for its details.",
+                         [datasource_variable(), *run_variables(multi=True)], RUNS)
     dash.with_row(db.Row("Runs"))
     count_stats(dash)
     dash.with_panel(runs_table())

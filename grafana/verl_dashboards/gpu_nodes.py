@@ -10,7 +10,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUNS, SYSTEM, alert_annotation, datasource_variable, new_dashboard, query,
+    GREEN, NEUTRAL, ORANGE, RED, RUNS, SYSTEM, datasource_variable, new_dashboard, query,
     query_variable, run_variables, spec, stat_panel, steps, timeseries_panel, to_json,
 )
 from .run_detail import GPU_BUSY_RATIO, GPU_CRITICAL_CELSIUS, GPU_HOT_CELSIUS, GPU_LEGEND
@@ -150,10 +150,8 @@ def processes_row(dash: db.Dashboard) -> None:
 
 def build() -> dict:
     """The GPU nodes dashboard as Grafana JSON."""
-    dash = new_dashboard(UID, TITLE, "The GPUs and hosts of verl training jobs, one line per GPU.")
-    for variable in variables():
-        dash.with_variable(variable)
-    dash.annotation(alert_annotation(NODE))
+    dash = new_dashboard(UID, TITLE, "The GPUs and hosts of verl training jobs, one line per GPU.",
+                         variables(), NODE)
     for row in (overview_row, memory_row, utilization_row, thermals_row, errors_row, processes_row):
         row(dash)
     return to_json(dash)

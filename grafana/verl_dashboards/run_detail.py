@@ -11,7 +11,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, alert_annotation, datasource_variable, describe, healthy_steps,
+    GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, datasource_variable, describe, healthy_steps,
     metric_panel, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
     timeseries_panel, to_json, unit_of,
 )
@@ -196,11 +196,8 @@ def gpus_row(dash: db.Dashboard) -> None:
 
 def build() -> dict:
     """The run detail dashboard as Grafana JSON."""
-    dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.")
-    dash.with_variable(datasource_variable())
-    for variable in run_variables(multi=False):
-        dash.with_variable(variable)
-    dash.annotation(alert_annotation(RUN))
+    dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.",
+                         [datasource_variable(), *run_variables(multi=False)], RUN)
     for row in (progress_row, policy_row, critic_row, performance_row, rewards_row, lengths_row, timing_row,
                 validation_row, memory_row, gpus_row):
         row(dash)
