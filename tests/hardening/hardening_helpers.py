@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 import socket
 
-from prometheus_client.parser import text_string_to_metric_families
+from exposition import matching
 
 
-def samples(text: str, name: str, **labels) -> list[float]:
-    """Values of every sample called ``name`` whose labels include ``labels``."""
-    return [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    ]
+samples = matching  # values of every sample called ``name`` whose labels include ``labels``
 
 
 def value(text: str, name: str, **labels) -> float | None:

@@ -5,18 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from exposition import sample_value
 from promtool import check_metrics
-from servers import REPO, free_port, start_exporter, wait_until
-
-
-def sample_value(text: str, name: str, **labels) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
+from servers import REPO, start_exporter, wait_until
 
 
 def jsonl(step: int, data: dict) -> str:

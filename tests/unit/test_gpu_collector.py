@@ -5,8 +5,8 @@ from pathlib import Path
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
+from exposition import samples, scrape
 from promtool import check_metrics
 from servers import wait_until
 from verl_exporter.collectors import CollectorRunner
@@ -43,19 +43,6 @@ class ThisProcessAsJob:
         return [psutil.Process()]
 
 
-def scrape(**named):
-    registry = CollectorRegistry()
-    registry.register(CollectorRunner(dict(named)))
-    return generate_latest(registry).decode()
-
-
-def samples(text):
-    """{(name, ((label, value), ...)): value} of every sample in exposition text."""
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def series(values, name, **labels):

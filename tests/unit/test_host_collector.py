@@ -8,11 +8,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
+from exposition import samples
+from exposition import scrape as scrape_collectors
 from servers import wait_until
-from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.host import HostCollector
 from verl_exporter.job import JobSelector
 
@@ -21,13 +19,7 @@ JOB_SERIES = ("verl_job_running", "verl_job_processes", "verl_job_resident_memor
 
 
 def scrape(collector):
-    registry = CollectorRegistry()
-    registry.register(CollectorRunner({"host": collector}))
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(generate_latest(registry).decode())
-        for s in family.samples
-    }
+    return samples(scrape_collectors(host=collector))
 
 
 def value(values, name, **labels):

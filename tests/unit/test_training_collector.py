@@ -1,8 +1,9 @@
 import math
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
+from exposition import samples
+from exposition import scrape as scrape_collectors
 from promtool import check_metrics
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
@@ -14,17 +15,7 @@ RUN = RunKey("gsm8k", "ppo-qwen")
 
 
 def scrape(store) -> str:
-    registry = CollectorRegistry()
-    registry.register(CollectorRunner({"training": TrainingCollector(store)}))
-    return generate_latest(registry).decode()
-
-
-def samples(text):
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return scrape_collectors(training=TrainingCollector(store))
 
 
 def test_training_metrics_carry_the_run_labels_and_the_guide_help():
