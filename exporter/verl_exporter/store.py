@@ -37,6 +37,7 @@ class RunState:
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
+    logged_at: dict[str, int] = field(default_factory=dict)  # keys with other spellings: when last logged
 
     def copy(self) -> "RunState":
         return RunState(
@@ -49,6 +50,7 @@ class RunState:
             values=dict(self.values),
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
+            logged_at=dict(self.logged_at),
         )
 
 
@@ -74,6 +76,8 @@ class RunStore:
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
+        self._respelled = catalog.respelled  # keys that share their metric with another spelling
+        self._serial = 0
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
@@ -104,6 +108,10 @@ class RunStore:
                 latest.update(values)
             else:
                 self._update_capped(state, values)
+            respelled = self._respelled.intersection(values)
+            if respelled:
+                self._serial += 1
+                state.logged_at.update(dict.fromkeys(respelled, self._serial))
             if total is None:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
@@ -166,12 +174,16 @@ class RunStore:
 
     def _fill_series(self, state: RunState) -> None:
         """Name the run's latest values: one series per catalog metric and label set. Where two
-        spellings of one metric were logged, the catalog's own spelling wins."""
-        series = state.series
+        spellings of one metric were logged (a run resumed on a newer verl), the one logged last wins."""
+        series, logged_at = state.series, state.logged_at
+        owners: dict[SeriesKey, str] = {}
         for key, value in state.values.items():
             series_key, resolved, scale = self._entries.get(key) or self._entry(key)
-            if series_key in series and resolved.spec.key != key:
-                continue
+            if key in logged_at:
+                owner = owners.get(series_key)
+                if owner is not None and logged_at[owner] > logged_at[key]:
+                    continue
+                owners[series_key] = key
             series[series_key] = (resolved, value * scale)
 
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:
