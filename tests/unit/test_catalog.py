@@ -189,6 +189,14 @@ def test_validation_statistics_are_read_from_the_right(catalog, key, labels):
     assert resolved.label_values == labels
 
 
+def test_names_say_their_base_unit(catalog):
+    for spec in catalog.metrics:
+        if spec.unit in ("seconds", "bytes"):
+            assert spec.name.endswith("_" + spec.unit), spec.key
+        else:
+            assert not spec.name.endswith(("_seconds", "_bytes")), spec.key
+
+
 def test_healthy_ranges_and_thresholds_are_numbers_in_range(catalog):
     for spec in catalog.metrics:
         for value in list(spec.healthy.values()) + list(spec.thresholds.values()):
