@@ -1,8 +1,10 @@
 """The metric catalog: how each verl key becomes a Prometheus series.
 
 ``catalog.yaml`` lists every metric of the guide with its name, unit conversion, meaning, healthy
-range and thresholds, plus key families (``val-core/...``) that become one labelled metric. Keys
-the catalog does not list are still exported under the naming rule of :func:`default_name`.
+range and thresholds (entries may share a name with fixed labels: actor and critic memory, by
+``role``), plus key families (``val-core/...``) that become one labelled metric, and described
+patterns (``rollout_corr/*``) that give open-ended keys a meaning. Keys the catalog does not list
+are still exported under the naming rule of :func:`default_name`.
 """
 
 from __future__ import annotations
