@@ -198,6 +198,16 @@ class Catalog:
                 return Resolved(replace(family, key=key, **self._rule_name(key)))
         return Resolved(MetricSpec(key=key, help="(not in the catalog)", known=False, **self._rule_name(key)))
 
+    def own(self, key: str) -> Resolved:
+        """An alias as a metric of its own, for a release that logs it beside the catalog's key
+        (verl 0.8 logs actor/entropy_loss, the entropy of the update, beside actor/entropy)."""
+        spec = self._by_key[key]
+        named = self._rule_name(key)
+        if named["name"] == spec.name:
+            named["name"] = PREFIX + "logged_" + spec.name[len(PREFIX):]
+        return Resolved(replace(spec, key=key, aliases=(), help_keys=(), label_names=(), label_values=(),
+                                help=f"{spec.help} (as logged beside {spec.key})", **named))
+
     def _rule_name(self, key: str) -> dict:
         name, scale = default_name(key)
         if name in self._labelled:  # e.g. "val_core": not the family

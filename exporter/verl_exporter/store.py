@@ -174,7 +174,8 @@ class RunStore:
 
     def _fill_series(self, state: RunState) -> None:
         """Name the run's latest values: one series per catalog metric and label set. Where two
-        spellings of one metric were logged (a run resumed on a newer verl), the one logged last wins."""
+        spellings of one metric were logged (a run resumed on a newer verl), the one logged last
+        wins; two logged side by side in one record are two metrics: the alias gets its own name."""
         series, logged_at = state.series, state.logged_at
         owners: dict[SeriesKey, str] = {}
         for key, value in state.values.items():
@@ -183,6 +184,12 @@ class RunStore:
                 owner = owners.get(series_key)
                 if owner is not None and logged_at[owner] > logged_at[key]:
                     continue
+                if owner is not None and logged_at[owner] == logged_at[key]:
+                    alias = key if resolved.spec.key != key else owner
+                    own = self.catalog.own(alias)
+                    series[(own.spec.name, ())] = (own, state.values[alias] * own.spec.scale)
+                    if alias == key:
+                        continue
                 owners[series_key] = key
             series[series_key] = (resolved, value * scale)
 

@@ -138,6 +138,17 @@ def test_two_spellings_in_one_run_the_latest_logged_wins():
     assert series(store) == {"verl_actor_entropy()": 0.5}
 
 
+def test_two_spellings_logged_side_by_side_are_two_metrics():
+    # verl 0.8 logs actor/entropy_loss (the update's entropy) beside actor/entropy when entropy is computed.
+    for values in ({"actor/entropy": 0.4, "actor/entropy_loss": 0.45}, {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}):
+        store = make_store()
+        store.ingest(Record(RUN, 1, {"actor/entropy": 0.3}))
+        store.ingest(Record(RUN, 2, values))
+        assert series(store) == {"verl_actor_entropy()": 0.4, "verl_actor_entropy_loss()": 0.45}
+        help_text = store.run(RUN).series[("verl_actor_entropy_loss", ())][0].spec.full_help()
+        assert help_text.startswith("verl actor/entropy_loss: ") and "beside actor/entropy" in help_text
+
+
 def test_a_run_resumed_on_a_newer_release_serves_the_newer_spelling():
     store = make_store()
     store.ingest(Record(RUN, 2, {"perf/max_memory_allocated_gb": 30.0, "actor/pg_loss": 0.1}))
