@@ -77,6 +77,9 @@ class Exporter:
                    experiment=settings.experiment)
             for pattern in patterns
         ]
+        if settings.run_config:
+            sources.append(Source(settings.run_config, self.store, fmt="config", project=settings.project,
+                                  experiment=settings.experiment))
         self.ingestor = Ingestor(sources, interval=settings.source_poll_interval)
         self.gpu_backend = None
         self.registry = CollectorRegistry()

@@ -1,0 +1,182 @@
+"""Precision of the shipped rules, measured with the real servers: healthy runs stay silent over
+their whole life, problem runs still raise their alerts.
+
+Nine simulated runs, one step every 0.2 s, followed by ONE exporter and scraped by ONE Prometheus
+(shipped rules, every duration divided by 300, as in test_alerting_e2e) that alerts to ONE
+Alertmanager (shipped config). Alerts are per run (``project``/``experiment``), so the runs do not
+disturb each other. The healthy runs last ``LIFE`` steps, past every warm-up and every ``for``:
+
+- ``healthy-grpo``: on-policy GRPO (pg_clipfrac ~0.0008, ppo_kl ~-8e-06), console log;
+- ``healthy-ppo``: PPO with a critic, console log AND FileLogger JSONL of the same run;
+- ``completed-jsonl``: FileLogger JSONL only, its hydra config given with ``--run.config``;
+- ``no-validation``: console log of a run without validation (no ``Final validation metrics``).
+
+The problem runs (lr-too-high, critic-underfit, entropy-collapse, nan, stall) must raise theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+
+import pytest
+import yaml
+
+from servers import REPO, prom_query, start_alertmanager, start_exporter, start_prometheus, wait_until
+from verl_exporter import simulate
+
+import sys
+
+sys.path.insert(0, str(REPO / "alerts"))
+from generator import local  # noqa: E402
+
+STEP_SECONDS = 0.2
+TIME_SCALE = STEP_SECONDS / 60
+LIFE = 150  # steps: past the 20 warm-up steps, two hours of windows and every 1h ``for``
+PROJECT = "precision"
+HEALTHY = ("healthy-grpo", "healthy-ppo", "completed-jsonl", "no-validation")
+EXPECTED = {
+    "lr-too-high": "VerlLearningRateTooHigh",
+    "critic-underfit": "VerlCriticNotLearning",
+    "entropy-collapse": "VerlEntropyCollapsing",
+    "nan": "VerlTrainingNonFinite",
+    "stall": "VerlTrainingStalled",
+}
+TIMEOUT = 90
+
+
+class Stack:
+    def __init__(self, tmp_path):
+        runs = tmp_path / "runs" / PROJECT
+        hydra = tmp_path / "outputs" / "completed-jsonl" / ".hydra" / "config.yaml"
+        self.stop = threading.Event()
+        healthy = {"interval": STEP_SECONDS, "steps": LIFE}
+        self.writers = [
+            self._write(runs / "healthy-grpo.log", "healthy-grpo", fmt="console", **healthy),
+            self._write(runs / "healthy-ppo.log", "healthy", fmt="console", **healthy),
+            self._write(runs / "healthy-ppo.jsonl", "healthy", fmt="jsonl", **healthy),
+            self._write(runs / "completed-jsonl.jsonl", "healthy", fmt="jsonl", hydra_config=hydra, **healthy),
+            self._write(runs / "no-validation.log", "healthy", fmt="console", val_every=0, **healthy),
+            self._write(runs / "lr-too-high.log", "lr-too-high", fmt="console", interval=STEP_SECONDS),
+            self._write(runs / "critic-underfit.log", "critic-underfit", fmt="console", interval=STEP_SECONDS),
+            self._write(runs / "entropy-collapse.log", "entropy-collapse", fmt="console", interval=STEP_SECONDS),
+            self._write(runs / "nan.jsonl", "nan", fmt="jsonl", interval=STEP_SECONDS),
+            self._write(runs / "stall.jsonl", "stall", fmt="jsonl", interval=STEP_SECONDS),
+        ]
+        self.receiver = local.Receiver().__enter__()
+        am_config = tmp_path / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
+        self.alertmanager = start_alertmanager(tmp_path, am_config)
+        wait_until(hydra.exists, timeout=10, message="the hydra config")
+        self.exporter = start_exporter(
+            tmp_path, "--source", str(runs / "*.log"), "--source", str(runs / "*.jsonl"), "--run.config", str(hydra),
+            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1")
+        rules = local.write_rules(tmp_path / "rules", time_scale=TIME_SCALE, min_range=3)
+        config = local.prometheus_config(f"127.0.0.1:{self.exporter.port}", f"127.0.0.1:{self.alertmanager.port}",
+                                         rules, interval="1s")
+        self.prometheus = start_prometheus(tmp_path, config, extra_args=["--rules.alert.resend-delay=2s"])
+
+    def _write(self, path, scenario, **kwargs):
+        thread = threading.Thread(target=simulate.write_run, args=(path, scenario),
+                                  kwargs={"noise": False, "stop_event": self.stop, **kwargs}, daemon=True)
+        thread.start()
+        return thread
+
+    def query(self, expr: str) -> list[dict]:
+        return prom_query(self.prometheus, expr)
+
+    def am_alerts(self) -> list[dict]:
+        query = urllib.parse.urlencode({"filter": f'project="{PROJECT}"'})
+        status, body = self.alertmanager.get(f"/api/v2/alerts?{query}")
+        assert status == 200, body
+        return json.loads(body)
+
+    def close(self):
+        self.stop.set()
+        for server in (self.prometheus, self.alertmanager, self.exporter):
+            server.stop()
+        self.receiver.__exit__()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    stack = Stack(tmp_path_factory.mktemp("precision"))
+    yield stack
+    stack.close()
+
+
+def firing(stack, experiments) -> dict[str, set[str]]:
+    """Alert names that fired (at any evaluation so far) per experiment."""
+    selector = "|".join(experiments)
+    result = stack.query(f'max_over_time(ALERTS{{experiment=~"{selector}", alertstate="firing"}}[10m])')
+    out: dict[str, set[str]] = {}
+    for series in result:
+        out.setdefault(series["metric"]["experiment"], set()).add(series["metric"]["alertname"])
+    return out
+
+
+def test_problem_runs_raise_their_alerts(stack):
+    def all_fired():
+        fired = firing(stack, EXPECTED)
+        return all(name in fired.get(run, ()) for run, name in EXPECTED.items()) and fired
+
+    wait_until(all_fired, timeout=TIMEOUT, interval=0.5,
+               fail=lambda why: pytest.fail(f"{why}: the problem runs' alerts {EXPECTED}; fired: {firing(stack, EXPECTED)}"))
+    # ... and reached Alertmanager
+    def in_alertmanager():
+        names = {(a["labels"].get("experiment"), a["labels"]["alertname"]) for a in stack.am_alerts()}
+        return all(item in names for item in EXPECTED.items())
+
+    wait_until(in_alertmanager, timeout=30, interval=0.5, message="the problem runs' alerts in Alertmanager")
+
+
+def test_healthy_runs_raise_no_alert_over_their_whole_life(stack):
+    selector = "|".join(HEALTHY)
+    wait_until(lambda: len(stack.query(f'verl_training_last_step{{experiment=~"{selector}"}} >= {LIFE}'))
+               == len(HEALTHY), timeout=TIMEOUT, interval=0.5, message="the healthy runs at their last step")
+    # Past their end: stalled (5 step times + for 10m = 3 s) and crash rules had time to fire.
+    wait_until(lambda: len(stack.query(f'time() - verl_training_last_step_timestamp_seconds{{experiment=~"{selector}"}}'
+                                       ' > 8')) == len(HEALTHY),
+               timeout=TIMEOUT, interval=0.5, message="the healthy runs 8 s past their end")
+    fired = firing(stack, HEALTHY)
+    print(f"alerts fired on the healthy runs: {sum(map(len, fired.values()))} {fired}")
+    assert fired == {}, fired
+    assert [a for a in stack.am_alerts() if a["labels"].get("experiment") in HEALTHY] == []
+    assert [p for p in stack.receiver.notifications if any(f"{PROJECT}/{run}" in json.dumps(p) for run in HEALTHY)] == []
+
+
+def test_every_healthy_run_finished_and_stays_finished(stack):
+    selector = "|".join(HEALTHY)
+    wait_until(lambda: len(stack.query(f'verl_training_last_step{{experiment=~"{selector}"}} >= {LIFE}'))
+               == len(HEALTHY), timeout=TIMEOUT, interval=0.5, message="the healthy runs at their last step")
+    finished = wait_until(lambda: (lambda r: r if len(r) == len(HEALTHY) else None)(
+        stack.query(f'verl_training_finished{{experiment=~"{selector}"}} == 1')), timeout=20,
+        message="every healthy run finished")
+    assert {r["metric"]["experiment"] for r in finished} == set(HEALTHY)
+    # The run read from two sources was never reset to unfinished after it finished.
+    flips = stack.query('changes(verl_training_finished{experiment="healthy-ppo"}[10m])')
+    assert [float(r["value"][1]) for r in flips] == [1.0]
+    totals = {r["metric"]["experiment"]: float(r["value"][1])
+              for r in stack.query(f'verl_training_total_steps{{experiment=~"{selector}"}}')}
+    assert totals == {run: LIFE for run in HEALTHY}
+
+
+def test_run_settings_are_served_and_unknown_for_runs_without_a_config(stack):
+    def setting(experiment, key):
+        result = stack.query(f'verl_run_config{{experiment="{experiment}", key="{key}"}}')
+        return [float(r["value"][1]) for r in result]
+
+    wait_until(lambda: setting("healthy-grpo", "actor_rollout_ref.actor.ppo_epochs"), timeout=20,
+               message="the GRPO run's settings")
+    assert setting("healthy-grpo", "data.train_batch_size") == [64.0]
+    assert setting("healthy-grpo", "actor_rollout_ref.actor.ppo_mini_batch_size") == [64.0]
+    assert setting("completed-jsonl", "actor_rollout_ref.actor.ppo_mini_batch_size") == [64.0]
+    assert setting("completed-jsonl", "data.train_batch_size") == [256.0]
+    assert setting("nan", "data.train_batch_size") == []
+    info = stack.query('verl_run_config_info{experiment="healthy-grpo"}')
+    assert [r["metric"]["adv_estimator"] for r in info] == ["grpo"]
+    progress = stack.query('project_experiment:verl_training_progress:ratio{experiment="lr-too-high"}')
+    assert progress and 0 < float(progress[0]["value"][1]) < 1
+    left = stack.query('project_experiment:verl_training_time_left_seconds:estimate{experiment="lr-too-high"}')
+    assert left and float(left[0]["value"][1]) > 0
