@@ -51,24 +51,10 @@ class Stack:
         runs = tmp_path / "runs" / PROJECT
         hydra = tmp_path / "outputs" / "completed-jsonl" / ".hydra" / "config.yaml"
         self.stop = threading.Event()
-        healthy = {"interval": STEP_SECONDS, "steps": LIFE}
-        self.writers = [
-            self._write(runs / "healthy-grpo.log", "healthy-grpo", fmt="console", **healthy),
-            self._write(runs / "healthy-ppo.log", "healthy", fmt="console", **healthy),
-            self._write(runs / "healthy-ppo.jsonl", "healthy", fmt="jsonl", **healthy),
-            self._write(runs / "completed-jsonl.jsonl", "healthy", fmt="jsonl", hydra_config=hydra, **healthy),
-            self._write(runs / "no-validation.log", "healthy", fmt="console", val_every=0, **healthy),
-            self._write(runs / "lr-too-high.log", "lr-too-high", fmt="console", interval=STEP_SECONDS),
-            self._write(runs / "critic-underfit.log", "critic-underfit", fmt="console", interval=STEP_SECONDS),
-            self._write(runs / "entropy-collapse.log", "entropy-collapse", fmt="console", interval=STEP_SECONDS),
-            self._write(runs / "nan.jsonl", "nan", fmt="jsonl", interval=STEP_SECONDS),
-            self._write(runs / "stall.jsonl", "stall", fmt="jsonl", interval=STEP_SECONDS),
-        ]
         self.receiver = local.Receiver().__enter__()
         am_config = tmp_path / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
         self.alertmanager = start_alertmanager(tmp_path, am_config)
-        wait_until(hydra.exists, timeout=10, message="the hydra config")
         self.exporter = start_exporter(
             tmp_path, "--source", str(runs / "*.log"), "--source", str(runs / "*.jsonl"), "--run.config", str(hydra),
             "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1")
@@ -76,10 +62,30 @@ class Stack:
         config = local.prometheus_config(f"127.0.0.1:{self.exporter.port}", f"127.0.0.1:{self.alertmanager.port}",
                                          rules, interval="1s")
         self.prometheus = start_prometheus(tmp_path, config, extra_args=["--rules.alert.resend-delay=2s"])
+        # The runs start once Prometheus scrapes: it must see their first steps (entropy-collapse's high start).
+        wait_until(lambda: self.query('up{job="verl"} == 1'), timeout=30, message="Prometheus scraping the exporter")
+        healthy = {"interval": STEP_SECONDS, "steps": LIFE}
+        problem = {"interval": STEP_SECONDS, "total": 10_000}  # long runs, stopped when the module ends
+        self.writers = [
+            self._write(runs / "healthy-grpo.log", "healthy-grpo", fmt="console", **healthy),
+            self._write(runs / "healthy-ppo.log", "healthy", fmt="console", **healthy),
+            # verl's FileLogger buffers: the JSONL of the same run trails its console by a few steps.
+            self._write(runs / "healthy-ppo.jsonl", "healthy", fmt="jsonl", delay=2.0, **healthy),
+            self._write(runs / "completed-jsonl.jsonl", "healthy", fmt="jsonl", hydra_config=hydra, **healthy),
+            self._write(runs / "no-validation.log", "healthy", fmt="console", val_every=0, **healthy),
+            self._write(runs / "lr-too-high.log", "lr-too-high", fmt="console", **problem),
+            self._write(runs / "critic-underfit.log", "critic-underfit", fmt="console", **problem),
+            self._write(runs / "entropy-collapse.log", "entropy-collapse", fmt="console", **problem),
+            self._write(runs / "nan.jsonl", "nan", fmt="jsonl", **problem),
+            self._write(runs / "stall.jsonl", "stall", fmt="jsonl", **problem),
+        ]
 
-    def _write(self, path, scenario, **kwargs):
-        thread = threading.Thread(target=simulate.write_run, args=(path, scenario),
-                                  kwargs={"noise": False, "stop_event": self.stop, **kwargs}, daemon=True)
+    def _write(self, path, scenario, delay=0.0, **kwargs):
+        def write():
+            if not self.stop.wait(delay):
+                simulate.write_run(path, scenario, noise=False, stop_event=self.stop, **kwargs)
+
+        thread = threading.Thread(target=write, daemon=True)
         thread.start()
         return thread
 
