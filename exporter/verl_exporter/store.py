@@ -70,9 +70,12 @@ class RunState:
         self.finished = True
         self.finished_at = step if self.finished_at is None else max(self.finished_at, step)
 
-    def reached_total(self) -> None:
-        if self.total_steps is not None and self.last_step is not None and self.last_step >= self.total_steps:
-            self.finish(self.last_step)
+    def reached_total(self, exactly: bool = True) -> None:
+        """Finished once the last step is the total (or, when the total has just become known, past it):
+        a step beyond a total already reached means the run went on with a larger one."""
+        total, step = self.total_steps, self.last_step
+        if total is not None and step is not None and (step == total or (not exactly and step > total)):
+            self.finish(step)
 
 
 @dataclass
@@ -148,7 +151,7 @@ class RunStore:
                 state.total_steps = configured
         if record.total_steps is not None and record.total_steps >= 1:
             state.total_steps, state.total_from_log = record.total_steps, True
-        state.reached_total()
+        state.reached_total(exactly=False)
 
     def _update_capped(self, state: RunState, values: dict) -> None:
         latest, cap = state.values, self.max_series_per_run
