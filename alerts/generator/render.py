@@ -138,6 +138,10 @@ def runbook(catalog: Catalog | None = None) -> str:
         "to Slack, **info** to the low-priority Slack channel. Thresholds come from the exporter's",
         "`catalog.yaml` (GPU and host ones from `alerts/generator/system.py`); change them there and run",
         "`python alerts/generate.py`. Generated file: edit `alerts/generator/`, not this file.\n",
+        "Where the guide's threshold depends on the run's settings, the rules read them from",
+        "`verl_run_config{key}` (the config verl prints, hydra's `config.yaml` or `--run.config`) through the",
+        "`run:*:setting` recording rules of `verl-training.rules.yml`, with verl's default from the catalog's",
+        "`settings` section for a run whose config is unknown.\n",
     ]
     for group in GROUPS:
         out.append(f"## {group.title}\n")

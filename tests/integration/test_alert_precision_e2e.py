@@ -18,18 +18,12 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.parse
 
 import pytest
-import yaml
 
-from servers import REPO, prom_query, start_alertmanager, start_exporter, start_prometheus, wait_until
+from alerting_stack import AlertingStack
+from servers import wait_until
 from verl_exporter import simulate
-
-import sys
-
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local  # noqa: E402
 
 STEP_SECONDS = 0.2
 TIME_SCALE = STEP_SECONDS / 60
@@ -46,22 +40,14 @@ EXPECTED = {
 TIMEOUT = 90
 
 
-class Stack:
+class Stack(AlertingStack):
     def __init__(self, tmp_path):
         runs = tmp_path / "runs" / PROJECT
         hydra = tmp_path / "outputs" / "completed-jsonl" / ".hydra" / "config.yaml"
         self.stop = threading.Event()
-        self.receiver = local.Receiver().__enter__()
-        am_config = tmp_path / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
-        self.alertmanager = start_alertmanager(tmp_path, am_config)
-        self.exporter = start_exporter(
-            tmp_path, "--source", str(runs / "*.log"), "--source", str(runs / "*.jsonl"), "--run.config", str(hydra),
-            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1")
-        rules = local.write_rules(tmp_path / "rules", time_scale=TIME_SCALE, min_range=3)
-        config = local.prometheus_config(f"127.0.0.1:{self.exporter.port}", f"127.0.0.1:{self.alertmanager.port}",
-                                         rules, interval="1s")
-        self.prometheus = start_prometheus(tmp_path, config, extra_args=["--rules.alert.resend-delay=2s"])
+        super().__init__(tmp_path, [
+            "--source", str(runs / "*.log"), "--source", str(runs / "*.jsonl"), "--run.config", str(hydra),
+            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1"], time_scale=TIME_SCALE)
         # The runs start once Prometheus scrapes: it must see their first steps (entropy-collapse's high start).
         wait_until(lambda: self.query('up{job="verl"} == 1'), timeout=30, message="Prometheus scraping the exporter")
         healthy = {"interval": STEP_SECONDS, "steps": LIFE}
@@ -89,20 +75,12 @@ class Stack:
         thread.start()
         return thread
 
-    def query(self, expr: str) -> list[dict]:
-        return prom_query(self.prometheus, expr)
-
-    def am_alerts(self) -> list[dict]:
-        query = urllib.parse.urlencode({"filter": f'project="{PROJECT}"'})
-        status, body = self.alertmanager.get(f"/api/v2/alerts?{query}")
-        assert status == 200, body
-        return json.loads(body)
+    def project_alerts(self) -> list[dict]:
+        return self.am_alerts(f'project="{PROJECT}"')
 
     def close(self):
         self.stop.set()
-        for server in (self.prometheus, self.alertmanager, self.exporter):
-            server.stop()
-        self.receiver.__exit__()
+        super().close()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +109,7 @@ def test_problem_runs_raise_their_alerts(stack):
                fail=lambda why: pytest.fail(f"{why}: the problem runs' alerts {EXPECTED}; fired: {firing(stack, EXPECTED)}"))
     # ... and reached Alertmanager
     def in_alertmanager():
-        names = {(a["labels"].get("experiment"), a["labels"]["alertname"]) for a in stack.am_alerts()}
+        names = {(a["labels"].get("experiment"), a["labels"]["alertname"]) for a in stack.project_alerts()}
         return all(item in names for item in EXPECTED.items())
 
     wait_until(in_alertmanager, timeout=30, interval=0.5, message="the problem runs' alerts in Alertmanager")
@@ -148,7 +126,7 @@ def test_healthy_runs_raise_no_alert_over_their_whole_life(stack):
     fired = firing(stack, HEALTHY)
     print(f"alerts fired on the healthy runs: {sum(map(len, fired.values()))} {fired}")
     assert fired == {}, fired
-    assert [a for a in stack.am_alerts() if a["labels"].get("experiment") in HEALTHY] == []
+    assert [a for a in stack.project_alerts() if a["labels"].get("experiment") in HEALTHY] == []
     assert [p for p in stack.receiver.notifications if any(f"{PROJECT}/{run}" in json.dumps(p) for run in HEALTHY)] == []
 
 

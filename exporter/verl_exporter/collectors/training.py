@@ -87,6 +87,9 @@ class TrainingCollector:
             families["parse_errors"].add_metric([source], count)
         families["runs"].add_metric([], len(snapshot.runs))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
+        for name in ("total_steps", "config", "config_info"):  # only where some run has them
+            if not families[name].samples:
+                del families[name]
         yield from families.values()
         yield from (logged[name] for name in sorted(logged))
 
