@@ -255,3 +255,24 @@ def test_settings_length_and_end_are_served():
     assert values[("verl_training_finished", run)] == 0
     assert not any(labels and ("experiment", "unknown") in labels for (name, labels) in values
                    if name.startswith(("verl_run_config", "verl_training_total_steps")))
+
+
+def test_the_catalog_lists_the_settings_the_rules_need_each_spelling_once():
+    catalog = default_catalog()
+    keys = [spec.key for spec in catalog.settings]
+    assert {"data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+            "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_epochs",
+            "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
+            "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_c",
+            "actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.lr",
+            "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.kl_loss_coef",
+            "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature", "critic.optim.lr",
+            "critic.ppo_epochs", "critic.grad_clip", "trainer.n_gpus_per_node", "trainer.nnodes",
+            "trainer.total_epochs", "trainer.total_training_steps"} <= set(keys)
+    spellings = [key for spec in catalog.settings for key in (spec.key, *spec.aliases)]
+    assert len(spellings) == len(set(spellings))
+    assert catalog.setting("actor_rollout_ref.actor.grad_clip").default == 1.0
+    assert catalog.setting("critic.grad_clip").default == 1.0
+    assert [spec.label for spec in catalog.settings if spec.label] == ["adv_estimator", "model", "rollout", "strategy"]
+    with pytest.raises(KeyError):
+        catalog.setting("no.such.setting")
