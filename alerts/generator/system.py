@@ -126,7 +126,8 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         f"Run {RUN}: no new step for {DURATION}, over ${{timing_s/step:stalled_steps}} times its usual step "
         "time, and the run has not finished.",
         "No new step has been read for several times the run's usual step time (plus the `for` "
-        "duration), verl has not printed its end of training and, where the exporter knows the job "
+        "duration), the run has not finished (reached its last step, or verl printed its end of "
+        "training) and, where the exporter knows the job "
         "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
         "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",
         "Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "
