@@ -12,11 +12,15 @@ disturb each other. The healthy runs last ``LIFE`` steps, past every warm-up and
 - ``no-validation``: console log of a run without validation (no ``Final validation metrics``).
 
 The problem runs (lr-too-high, critic-underfit, entropy-collapse, nan, stall) must raise theirs.
+A ``sleep`` stands for the training job (``--job.pid``); once the healthy runs are done it exits:
+the runs short of their last step are crashed (VerlTrainingJobCrashed pages, or
+VerlTrainingJobExited where the run's length is unknown), the finished ones stay silent.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 
 import pytest
@@ -45,9 +49,11 @@ class Stack(AlertingStack):
         runs = tmp_path / "runs" / PROJECT
         hydra = tmp_path / "outputs" / "completed-jsonl" / ".hydra" / "config.yaml"
         self.stop = threading.Event()
+        self.job = subprocess.Popen(["sleep", "600"])  # stands for the training job (--job.pid)
         super().__init__(tmp_path, [
             "--source", str(runs / "*.log"), "--source", str(runs / "*.jsonl"), "--run.config", str(hydra),
-            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1"], time_scale=TIME_SCALE)
+            "--job.pid", str(self.job.pid), "--gpu.fake", "healthy:2", "--source.poll-interval", "0.1"],
+            time_scale=TIME_SCALE)
         # The runs start once Prometheus scrapes: it must see their first steps (entropy-collapse's high start).
         wait_until(lambda: self.query('up{job="verl"} == 1'), timeout=30, message="Prometheus scraping the exporter")
         healthy = {"interval": STEP_SECONDS, "steps": LIFE}
@@ -80,6 +86,8 @@ class Stack(AlertingStack):
 
     def close(self):
         self.stop.set()
+        self.job.kill()
+        self.job.wait()
         super().close()
 
 
@@ -115,19 +123,45 @@ def test_problem_runs_raise_their_alerts(stack):
     wait_until(in_alertmanager, timeout=30, interval=0.5, message="the problem runs' alerts in Alertmanager")
 
 
-def test_healthy_runs_raise_no_alert_over_their_whole_life(stack):
+def healthy_runs_ended(stack) -> None:
+    """Wait until every healthy run is 8 s past its last step: the stall rule (5 step times + for
+    10m = 3 s) had time to fire."""
     selector = "|".join(HEALTHY)
     wait_until(lambda: len(stack.query(f'verl_training_last_step{{experiment=~"{selector}"}} >= {LIFE}'))
                == len(HEALTHY), timeout=TIMEOUT, interval=0.5, message="the healthy runs at their last step")
-    # Past their end: stalled (5 step times + for 10m = 3 s) and crash rules had time to fire.
     wait_until(lambda: len(stack.query(f'time() - verl_training_last_step_timestamp_seconds{{experiment=~"{selector}"}}'
                                        ' > 8')) == len(HEALTHY),
                timeout=TIMEOUT, interval=0.5, message="the healthy runs 8 s past their end")
+
+
+def assert_healthy_runs_silent(stack) -> None:
     fired = firing(stack, HEALTHY)
     print(f"alerts fired on the healthy runs: {sum(map(len, fired.values()))} {fired}")
     assert fired == {}, fired
     assert [a for a in stack.project_alerts() if a["labels"].get("experiment") in HEALTHY] == []
     assert [p for p in stack.receiver.notifications if any(f"{PROJECT}/{run}" in json.dumps(p) for run in HEALTHY)] == []
+
+
+def test_healthy_runs_raise_no_alert_over_their_whole_life(stack):
+    healthy_runs_ended(stack)
+    assert_healthy_runs_silent(stack)
+
+
+def test_the_job_exiting_pages_for_runs_short_of_their_last_step_only(stack):
+    healthy_runs_ended(stack)
+    stack.job.kill()
+    stack.job.wait()
+
+    def exit_alerts():
+        names = {(a["labels"].get("experiment"), a["labels"]["alertname"]): a for a in stack.project_alerts()}
+        crashed, exited = names.get(("lr-too-high", "VerlTrainingJobCrashed")), names.get(("nan", "VerlTrainingJobExited"))
+        return crashed and exited and (crashed, exited)
+
+    crashed, exited = wait_until(exit_alerts, timeout=30, interval=0.5, message="the job's exit alerts")
+    assert crashed["labels"]["severity"] == "critical" and exited["labels"]["severity"] == "warning"
+    assert "run stopped at step" in crashed["annotations"]["description"]
+    # The healthy runs had reached their last step: their job's exit is their end, not a crash.
+    assert_healthy_runs_silent(stack)
 
 
 def test_every_healthy_run_finished_and_stays_finished(stack):
