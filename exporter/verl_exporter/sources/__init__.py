@@ -2,8 +2,8 @@
 
 ``Source`` reads one path or glob (FileLogger JSONL, console log, or a run's config file such as
 hydra's ``.hydra/config.yaml``), ``Ingestor`` polls every source on a daemon thread. The run's
-config and length travel as Records too (``settings``, ``total_steps``). The store only needs ``ingest(record)`` and
-``parse_error(source, reason)``.
+config and length travel as Records too (``settings``, ``total_steps``). The store only needs
+``ingest(record)`` and ``parse_error(source, reason)``.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class Source:
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
         self._files: dict[str, _FileState] = {}
+        self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -133,7 +134,6 @@ class Source:
             self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
         ingested = 0
         written_at: dict[str, float] = {}
-        configs: dict[str, _FileState] = {}
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
@@ -146,26 +146,15 @@ class Source:
             except Exception as exc:
                 self._reject(path, f"unreadable line ({type(exc).__name__})", now)
                 continue
-            if state.fmt == "config":
-                configs[path] = state
-            if record is not None:
-                ingested += self._ingest(path, record, now)
-        for path, state in configs.items():
-            try:
-                record = self._config_file_record(state, written_at[path])
-            except ParseError as exc:
-                self._reject(path, str(exc), now)
+            if record is None:
                 continue
-            ingested += self._ingest(path, record, now)
-        return ingested
-
-    def _ingest(self, path: str, record: Record, now: float) -> int:
-        try:
-            self.store.ingest(record)
-        except Exception as exc:
-            self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
-            return 0
-        return 1
+            try:
+                self.store.ingest(record)
+            except Exception as exc:
+                self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
+                continue
+            ingested += 1
+        return ingested + self._read_config_files(written_at, now)
 
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt))
@@ -175,6 +164,7 @@ class Source:
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "config":
             self._add_config_line(state, line)
+            self._grown[state.path] = state
             return None
         if state.fmt == "jsonl":
             parsed = parse_jsonl_line(line)
@@ -241,6 +231,20 @@ class Source:
         state.config_chars += len(line) + 1
         if state.config_chars <= MAX_CONFIG_CHARS + 1:
             state.config_lines.append(line)
+
+    def _read_config_files(self, written_at: dict[str, float], now: float) -> int:
+        """Ingest the settings of each config file that grew in this poll; the records ingested."""
+        grown, self._grown = self._grown, {}
+        ingested = 0
+        for path, state in grown.items():
+            try:
+                self.store.ingest(self._config_file_record(state, written_at.get(path, now)))
+                ingested += 1
+            except ParseError as exc:
+                self._reject(path, str(exc), now)
+            except Exception as exc:
+                self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
+        return ingested
 
     def _config_file_record(self, state: _FileState, now: float) -> Record:
         """The settings of a config file (hydra's config.yaml, or a saved config print), read again
