@@ -199,6 +199,12 @@ def _tls_context(tls: dict, base: Path) -> ssl.SSLContext:
         raise WebConfigError("client_ca_file is set but client_auth_type is NoClientCert")
     if needs_ca and not client_ca:
         raise WebConfigError(f"client_auth_type {auth} needs client_ca_file")
+    for name, value in (("cert_file", cert), ("key_file", key), ("client_ca_file", client_ca)):
+        try:
+            if value is not None:
+                Path(value).read_bytes()
+        except OSError as exc:
+            raise WebConfigError(f"cannot read {name} {value}: {exc.strerror or exc}") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _version(tls, "min_version", "TLS12")
     context.maximum_version = _version(tls, "max_version", "TLS13")
@@ -206,8 +212,6 @@ def _tls_context(tls: dict, base: Path) -> ssl.SSLContext:
         raise WebConfigError("min_version is above max_version")
     try:
         context.load_cert_chain(cert, key)
-    except FileNotFoundError as exc:
-        raise WebConfigError(f"cannot read {exc.filename or 'cert_file or key_file'}: {exc.strerror}") from None
     except (ssl.SSLError, OSError) as exc:
         raise WebConfigError(f"cannot load cert_file {cert} with key_file {key}: {_ssl_reason(exc)}") from None
     context.verify_mode = verify_mode
