@@ -208,7 +208,8 @@ class Exporter:
     def start(self, address: tuple[str, int]) -> None:
         if not self.ingestor.sources and self.settings.collector_training:
             log.warning("no --source given: serving GPU and host metrics only")
-        log.info("reading what the sources hold")
+        if self.ingestor.sources:
+            log.info("reading what the sources hold")
         self.ingestor.poll_all()  # a first bounded read, so /-/ready means something at once
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
