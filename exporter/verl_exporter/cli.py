@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LOG_FORMAT = "%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s"
+SIGNAL_CHECK_SECONDS = 0.25
 
 
 class _Shutdown(BaseException):
@@ -97,7 +98,10 @@ class _Signals:
     def wait(self) -> str:
         """Block until a signal: "stop" or "reload"."""
         while True:
-            self._wake.wait()
+            # With a timeout: a signal the kernel hands to another thread does not interrupt a
+            # blocked wait, and Python runs its handler only when the main thread runs again.
+            if not self._wake.wait(SIGNAL_CHECK_SECONDS):
+                continue
             self._wake.clear()
             if self._stop:
                 return "stop"
