@@ -75,7 +75,8 @@ class WebConfig:
         if not self.users:
             return True
         hashed = self.users.get(user)
-        key = hashlib.sha256(b"\0".join(s.encode("utf-8", "surrogatepass") for s in (user, password))).digest()
+        name = user.encode("utf-8", "surrogatepass")
+        key = hashlib.sha256(len(name).to_bytes(8, "big") + name + password.encode("utf-8", "surrogatepass")).digest()
         cached = self._cache.get(key)
         if cached is not None:
             return cached

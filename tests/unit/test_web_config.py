@@ -177,6 +177,17 @@ def test_passwords_are_checked_with_bcrypt_once_and_then_cached(monkeypatch, has
     assert len(calls) == 4
 
 
+def test_the_cache_keeps_user_and_password_apart(hashed):
+    web = web_config.WebConfig(users={"alice": password_hash("x\0y").encode()})
+    assert web.check_password("alice", "x\0y")
+    assert not web.check_password("alice\0x", "y") and not web.check_password("alicex", "\0y")
+
+
+def test_passwords_longer_than_bcrypt_takes_are_refused(hashed):
+    web = web_config.WebConfig(users={"alice": hashed.encode()})
+    assert not web.check_password("alice", PASSWORD + "x" * 100)
+
+
 def test_a_new_config_does_not_inherit_the_old_cache(hashed):
     old = web_config.WebConfig(users={"alice": hashed.encode()})
     assert old.check_password("alice", PASSWORD)
