@@ -3,6 +3,7 @@ store and the training collector serve them."""
 
 from __future__ import annotations
 
+import logging
 import pprint
 
 import pytest
@@ -186,13 +187,24 @@ def test_a_config_file_without_run_names_or_unreadable_is_counted(tmp_path):
     assert store.run(RunKey("p", "e")).config == {"data.train_batch_size": 8.0}
 
 
-def test_the_run_config_flag_reads_a_config_file(tmp_path):
-    hydra = tmp_path / "config.yaml"
-    simulate.write_hydra_config(hydra, CONFIG)
-    settings = settings_module.load(["--run.config", str(hydra), "--no-collector.gpu", "--no-collector.host"])
-    app = Exporter(settings)
+def test_the_run_config_flag_reads_a_config_file_of_any_name_and_a_reload_keeps_it(tmp_path):
+    saved = tmp_path / "run-config.txt"  # a saved config print: read as a config whatever its name
+    saved.write_text(pprint.pformat(CONFIG) + "\n")
+    config_file = tmp_path / "exporter.yml"
+    config_file.write_text(yaml.safe_dump({"source": [], "log.level": "info"}))
+    argv = ["--config.file", str(config_file), "--run.config", str(saved), "--no-collector.gpu",
+            "--no-collector.host"]
+    app = Exporter(settings_module.load(argv), argv=argv)
     app.ingestor.poll_all()
     assert app.store.run(RUN).config["actor_rollout_ref.actor.grad_clip"] == 1.0
+    source = next(iter(app.sources.values()))
+    config_file.write_text(yaml.safe_dump({"source": [], "log.level": "debug"}))
+    try:
+        assert app.reload()
+        assert list(app.sources.values()) == [source] and source.fmt == "config"
+    finally:
+        app.stop()
+        logging.getLogger().setLevel(logging.WARNING)
 
 
 # The store: length, end and settings --------------------------------------------------------------------------
