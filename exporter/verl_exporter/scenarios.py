@@ -11,7 +11,10 @@ import random
 from typing import Iterator
 
 SCENARIOS: dict[str, str] = {
-    "healthy": "score rises 0.15 -> 0.8, pg_clipfrac 0.1-0.2, ppo_kl 0.002-0.006, the critic converges",
+    "healthy": "PPO with a critic: score rises 0.15 -> 0.8, pg_clipfrac 0.1-0.2, ppo_kl 0.002-0.006, the critic "
+               "converges",
+    "healthy-grpo": "on-policy GRPO (ppo_epochs 1, one mini-batch per batch): pg_clipfrac ~0.0008, ppo_kl ~-8e-06, "
+                    "no critic; score rises 0.15 -> 0.8",
     "lr-too-high": "pg_clipfrac ~0.8, ppo_kl ~0.1, actor/grad_norm pinned at the clip value 1.0, score flat",
     "critic-underfit": "vf_explained_var stays negative, vf_loss stuck near 45, vpred_mean far below returns",
     "entropy-collapse": "entropy 0.6 -> 0.05 within ~10 steps, ppo_kl -> 0.0001, score stops improving",
@@ -20,6 +23,8 @@ SCENARIOS: dict[str, str] = {
     "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
 }
 ALGORITHMS = ("ppo", "grpo")
+# Scenarios that are one algorithm whatever the caller asks.
+SCENARIO_ALGORITHMS = {"healthy-grpo": "grpo"}
 VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-core/openai/gsm8k/acc/mean@1",
             "val-aux/openai/gsm8k/reward/std@1")
 
@@ -68,7 +73,51 @@ def _targets(scenario: str, t: int) -> dict[str, float]:
                  score=0.15 + 0.15 * (1 - early))
     elif scenario == "truncation":
         v.update(response_mean=253.8, response_clip=0.85, max_response=256.0)
+    elif scenario == "healthy-grpo":  # one update per rollout: the ratio is 1, nothing is clipped
+        v.update(pg_clipfrac=0.0008 + 0.0002 * math.sin(t / 7), ppo_kl=-8e-06 + 2e-06 * math.sin(t / 5))
     return v
+
+
+def algorithm_of(scenario: str, algorithm: str = "ppo") -> str:
+    """The algorithm a scenario runs: its own where it has one, else ``algorithm``."""
+    return SCENARIO_ALGORITHMS.get(scenario, algorithm)
+
+
+def run_config(scenario: str, *, algorithm: str = "ppo", project: str = "simulated", experiment: str = "run",
+               total_steps: int | None = None, val_every: int = 10) -> dict:
+    """The part of verl's resolved config (``trainer.*``, ``data.*``, ...) the simulated run uses.
+
+    PPO runs update the policy four times per rollout (mini-batch 64 of a 256-prompt batch); GRPO
+    runs are on-policy (one mini-batch per 64-prompt batch, ``rollout.n`` 4). ``total_steps`` is
+    the user's ``trainer.total_training_steps`` (None: verl computes it from the epochs).
+    """
+    check(scenario, algorithm)
+    ppo = algorithm_of(scenario, algorithm) == "ppo"
+    prompts = SAMPLES if ppo else SAMPLES // 4
+    max_response = int(_targets(scenario, 1)["max_response"])
+    return {
+        "actor_rollout_ref": {
+            "actor": {"clip_ratio": 0.2, "clip_ratio_c": 3.0, "clip_ratio_high": 0.2, "clip_ratio_low": 0.2,
+                      "entropy_coeff": 0, "grad_clip": GRAD_CLIP, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl",
+                      "optim": {"lr": 1e-06, "lr_warmup_steps_ratio": 0.0, "weight_decay": 0.01},
+                      "ppo_epochs": 1, "ppo_micro_batch_size_per_gpu": 8,
+                      "ppo_mini_batch_size": 64 if ppo else prompts, "strategy": "fsdp",
+                      "use_kl_loss": not ppo},
+            "model": {"enable_gradient_checkpointing": True, "path": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "rollout": {"gpu_memory_utilization": 0.6, "n": 1 if ppo else SAMPLES // prompts, "name": "vllm",
+                        "prompt_length": 512, "response_length": max_response, "temperature": 1.0,
+                        "tensor_model_parallel_size": 1},
+        },
+        "algorithm": {"adv_estimator": "gae" if ppo else "grpo", "gamma": 1.0, "lam": 1.0,
+                      "use_kl_in_reward": ppo},
+        "critic": {"grad_clip": 1.0, "optim": {"lr": 1e-05}, "ppo_epochs": 1, "strategy": "fsdp"},
+        "data": {"max_prompt_length": 512, "max_response_length": max_response, "train_batch_size": prompts,
+                 "train_files": "~/data/gsm8k/train.parquet", "val_files": "~/data/gsm8k/test.parquet"},
+        "trainer": {"critic_warmup": 0, "experiment_name": experiment, "logger": ["console", "file"],
+                    "n_gpus_per_node": N_GPUS, "nnodes": 1, "project_name": project, "save_freq": -1,
+                    "test_freq": val_every if val_every > 0 else -1, "total_epochs": 15,
+                    "total_training_steps": total_steps, "val_before_train": False},
+    }
 
 
 def check(scenario: str, algorithm: str = "ppo") -> None:
@@ -82,6 +131,7 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
                 nan_after: int = 15) -> dict[str, float]:
     """The training metrics verl logs at ``step`` of a scenario, keyed by verl key."""
     check(scenario, algorithm)
+    algorithm = algorithm_of(scenario, algorithm)
     rng = random.Random(f"{seed}/{scenario}/{algorithm}/{step}")
     ppo = algorithm == "ppo"
     tg = _targets(scenario, step)
