@@ -159,8 +159,9 @@ class Catalog:
                     raise ValueError(f"catalog: key {key!r} listed twice")
                 self._by_key[key] = spec
         self._cache: dict[str, Resolved] = {}
-        # Keys served under one series with another spelling (actor/entropy_loss, actor/entropy).
-        self.respelled = frozenset(key for spec in metrics if spec.aliases for key in (spec.key,) + spec.aliases)
+        # Every spelling of a metric that has several, by spelling (actor/entropy_loss, actor/entropy).
+        self.spellings = {key: (spec.key,) + spec.aliases for spec in metrics if spec.aliases
+                          for key in (spec.key,) + spec.aliases}
 
     @classmethod
     def load(cls, path: Path | str = CATALOG_PATH) -> "Catalog":

@@ -38,7 +38,7 @@ class RunState:
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
-    logged_at: dict[str, int] = field(default_factory=dict)  # keys with other spellings: when last logged
+    logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
     # The run's length and settings: total from verl's "Total training steps" line (else from the
     # config), the step at which it finished, its catalog settings and info labels.
     total_steps: int | None = None
@@ -102,8 +102,7 @@ class RunStore:
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
-        self._respelled = catalog.respelled  # keys that share their metric with another spelling
-        self._serial = 0
+        self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
@@ -135,14 +134,15 @@ class RunStore:
                 state.reached_total()
             state.last_step_time = record.time
             latest = state.values
-            if len(latest) + len(values) <= self.max_series_per_run:
+            known = len(latest)
+            if known + len(values) <= self.max_series_per_run:
                 latest.update(values)
             else:
                 self._update_capped(state, values)
-            respelled = self._respelled.intersection(values)
-            if respelled:
-                self._serial += 1
-                state.logged_at.update(dict.fromkeys(respelled, self._serial))
+            if len(latest) != known:
+                self._find_respellings(state, values)
+            if state.logged_at:
+                self._stamp(state, values)
             if total is None:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
@@ -160,6 +160,23 @@ class RunStore:
         if record.total_steps is not None and record.total_steps >= 1:
             state.total_steps, state.total_from_log = record.total_steps, True
         state.reached_total(exactly=False)
+
+    def _find_respellings(self, state: RunState, values: dict) -> None:
+        """On new keys: the metrics the run now logs under two spellings (a run resumed on a newer
+        release) are timed from here on, so that the spelling logged last is served."""
+        spellings, latest = self.catalog.spellings, state.values
+        for key in values:
+            others = spellings.get(key)
+            if others and key in latest and sum(other in latest for other in others) > 1:
+                for other in others:
+                    if other in latest:
+                        state.logged_at.setdefault(other, 0)
+
+    def _stamp(self, state: RunState, values: dict) -> None:
+        hits = state.logged_at.keys() & values.keys()
+        if hits:
+            self._serial += 1
+            state.logged_at.update(dict.fromkeys(hits, self._serial))
 
     def _update_capped(self, state: RunState, values: dict) -> None:
         latest, cap = state.values, self.max_series_per_run

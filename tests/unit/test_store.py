@@ -147,6 +147,9 @@ def test_two_spellings_logged_side_by_side_are_two_metrics():
         assert series(store) == {"verl_actor_entropy()": 0.4, "verl_actor_entropy_loss()": 0.45}
         help_text = store.run(RUN).series[("verl_actor_entropy_loss", ())][0].spec.full_help()
         assert help_text.startswith("verl actor/entropy_loss: ") and "beside actor/entropy" in help_text
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}))  # from the first record on
+    assert series(store) == {"verl_actor_entropy()": 0.4, "verl_actor_entropy_loss()": 0.45}
 
 
 def test_a_run_resumed_on_a_newer_release_serves_the_newer_spelling():
