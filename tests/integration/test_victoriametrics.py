@@ -157,8 +157,9 @@ def fleet_queries() -> list:
 @pytest.fixture(scope="module")
 def fleet_values(stack):
     lr_alert_at_alertmanager(stack)  # ALERTS has a firing series of the run
-    wait_until(lambda: stack.query('ALERTS{alertstate="firing", experiment="lr-too-high"}'), timeout=TIMEOUT,
-               message="vmalert's ALERTS series in VictoriaMetrics")
+    # Range queries end at a multiple of their step: give the series a few samples before asking.
+    wait_until(lambda: stack.query('count_over_time(ALERTS{alertstate="firing", experiment="lr-too-high"}[1m]) >= 5'),
+               timeout=TIMEOUT, message="five samples of vmalert's ALERTS series in VictoriaMetrics")
     wait_until(lambda: stack.query("count_over_time(verl_gpu_ecc_errors_total[1m]) >= 4"), timeout=TIMEOUT,
                message="four scrapes of the exporters in VictoriaMetrics")
     return fill_variables(stack.vm, DASHBOARDS[FLEET], pick_all=True)
