@@ -2,7 +2,8 @@
 
 Each ``start_*`` returns a :class:`servers.Server` on a free loopback port, ready once its
 ``/health`` answers; use them as context managers. ``vmalert_check`` runs ``vmalert -dryRun`` on rule
-files (it parses every expression and template the way vmalert evaluates them).
+files (it parses every expression and template the way vmalert evaluates them), ``vmagent_check``
+``vmagent -dryRun`` on a scrape config.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def start_vmalert(tmp_path: Path, rule_files: list[Path], victoria_metrics: Serv
                   f"-datasource.url={victoria_metrics.url}", f"-remoteWrite.url={victoria_metrics.url}",
                   f"-remoteRead.url={victoria_metrics.url}", f"-notifier.url={alertmanager.url}",
                   f"-evaluationInterval={interval}", "-remoteWrite.flushInterval=1s", *extra_args)
+
+
+def vmagent_check(scrape_config: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``vmagent -dryRun``: exit 0 when vmagent accepts ``scrape_config`` as its -promscrape.config."""
+    return subprocess.run([require_binary("vmagent"), "-dryRun", f"-promscrape.config={scrape_config}", *flags],
+                          capture_output=True, text=True, timeout=60, cwd=scrape_config.parent)
 
 
 def vmalert_check(rule_files: list[Path]) -> subprocess.CompletedProcess:

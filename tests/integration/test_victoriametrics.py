@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from servers import REPO, start_alertmanager, start_exporter, wait_until
-from victoriametrics import start_victoria_metrics, start_vmagent, start_vmalert, vmalert_check
+from victoriametrics import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_check, vmalert_check
 
 sys.path.insert(0, str(REPO / "alerts"))
 sys.path.insert(0, str(REPO / "tests" / "dashboards"))
@@ -106,6 +106,16 @@ def test_vmalert_validation_rejects_a_broken_rule(tmp_path):
     result = vmalert_check([*SHIPPED_RULES, broken])
     assert result.returncode != 0
     assert "broken.rules.yml" in result.stdout + result.stderr
+
+
+def test_vmagent_takes_the_shipped_scrape_config_when_told_to_ignore_prometheus_only_fields():
+    shipped = REPO / "prometheus" / "prometheus.yml"
+    strict = vmagent_check(shipped)
+    assert strict.returncode != 0
+    for field in ("rule_files", "alerting", "refresh_interval"):  # as the README says
+        assert f"field {field} not found" in strict.stdout + strict.stderr
+    lenient = vmagent_check(shipped, "-promscrape.config.strictParse=false")
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
 
 
 def test_vmalert_alert_from_victoriametrics_reaches_alertmanager_and_slack(stack):
