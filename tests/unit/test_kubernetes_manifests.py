@@ -135,6 +135,7 @@ def test_every_rayjob_pod_has_the_exporter_sidecar():
         names = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
         assert len(names) == len(set(names)) and "metrics" in names, group  # KubeRay's Ray metrics port
         assert pod["spec"]["shareProcessNamespace"] is True, group
+        assert pod["spec"]["containers"][0]["name"].startswith("ray-"), group  # KubeRay runs Ray in containers[0]
         assert re.search(settings.job_match, "ray::WorkerDict.actor_rollout_generate_sequences"), group
         # Every exporter, worker or head, names the run the trainer writes.
         assert (settings.project, settings.experiment) == (
