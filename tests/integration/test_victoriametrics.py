@@ -135,6 +135,21 @@ def test_vmalert_alert_from_victoriametrics_reaches_alertmanager_and_slack(stack
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in text
 
 
+def test_every_shipped_rule_evaluates_on_victoriametrics_without_error(stack):
+    shipped = sum(len(group["rules"]) for path in SHIPPED_RULES for group in yaml.safe_load(path.read_text())["groups"])
+
+    def evaluated():
+        groups = json.loads(stack.vmalert.get("/api/v1/rules")[1])["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        return rules if all(rule["lastEvaluation"] > "2000" for rule in rules) else None
+
+    rules = wait_until(evaluated, timeout=TIMEOUT, message="every rule evaluated once")
+    lr_alert_at_alertmanager(stack)  # and again, with the runs' data in place
+    rules = evaluated()
+    assert len(rules) == shipped
+    assert [(r["name"], r["lastError"]) for r in rules if r["lastError"] or r["health"] != "ok"] == []
+
+
 def test_healthy_run_raises_no_alert(stack):
     lr_alert_at_alertmanager(stack)  # the pipeline alerts; silence below is not for lack of time
     wait_until(lambda: stack.query('verl_training_last_step{experiment="healthy"} >= 60'), timeout=TIMEOUT,
