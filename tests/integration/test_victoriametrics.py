@@ -1,7 +1,8 @@
 """The scale-out backend for real: exporters -> vmagent -> VictoriaMetrics <- vmalert -> Alertmanager.
 
 Debian's victoria-metrics package. Two exporters follow simulated runs, one step every 0.2 s:
-``demo/lr-too-high`` (8 fake GPUs) and ``demo/healthy`` (2). vmagent scrapes both every second as job
+``demo/lr-too-high`` (8 fake GPUs), and ``demo/healthy`` with ``demo/stall`` (20 steps, then the
+job hangs) on the other (2 fake GPUs). vmagent scrapes both every second as job
 "verl" and remote-writes into a single-node VictoriaMetrics; vmalert evaluates the shipped alert and
 recording rules against it (durations divided by 300 as in the alerting end-to-end test: one 0.2 s
 step stands for a 60 s verl step) and notifies a real Alertmanager running alerts/alertmanager.yml,
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import urllib.parse
 
 import pytest
 import yaml
 
 from servers import REPO, start_alertmanager, start_exporter, wait_until
+from verl_exporter import simulate
 from victoriametrics import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_check, vmalert_check
 
 sys.path.insert(0, str(REPO / "alerts"))
@@ -37,6 +40,7 @@ FLEET = "fleet-overview.json"
 class Stack:
     def __init__(self, tmp_path):
         self.servers = []
+        self.stop = threading.Event()
         self.receiver = local.Receiver().__enter__()
         try:
             self._start(tmp_path)
@@ -45,10 +49,14 @@ class Stack:
             raise
 
     def _start(self, tmp_path):
+        stalled_run = tmp_path / "stall" / "demo" / "stall.jsonl"
+        self.writer = threading.Thread(target=simulate.write_run, args=(stalled_run, "stall"), daemon=True,
+                                       kwargs={"interval": STEP_SECONDS, "noise": False, "stop_event": self.stop})
+        self.writer.start()
         exporters = [self._add(start_exporter(tmp_path, "--simulate", scenario, "--simulate.interval", str(STEP_SECONDS),
                                               "--simulate.dir", str(tmp_path / scenario), "--gpu.fake", f"healthy:{gpus}",
-                                              "--no-collector.host"))
-                     for scenario, gpus in (("lr-too-high", 8), ("healthy", 2))]
+                                              "--no-collector.host", *extra))
+                     for scenario, gpus, extra in (("lr-too-high", 8, ()), ("healthy", 2, ("--source", str(stalled_run))))]
         self.vm = self._add(start_victoria_metrics(tmp_path))
         self.vmagent = self._add(start_vmagent(tmp_path, [f"127.0.0.1:{e.port}" for e in exporters],
                                                f"{self.vm.url}/api/v1/write"))
@@ -75,6 +83,7 @@ class Stack:
         return json.loads(body)
 
     def close(self):
+        self.stop.set()
         for server in reversed(self.servers):
             server.stop()
         self.receiver.__exit__()
@@ -150,6 +159,17 @@ def test_every_shipped_rule_evaluates_on_victoriametrics_without_error(stack):
     assert [(r["name"], r["lastError"]) for r in rules if r["lastError"] or r["health"] != "ok"] == []
 
 
+def test_stalled_run_pages_pagerduty_through_vmalert(stack):
+    # VerlTrainingStalled compares timestamp() of the last step's sample with its value: MetricsQL's
+    # timestamp() must return the sample's time, as PromQL's does, for the page to come.
+    pages = wait_until(lambda: [p for p in stack.receiver.received("/pagerduty") if "demo/stall" in json.dumps(p)],
+                       timeout=TIMEOUT, message="the PagerDuty page for the stalled run")
+    details = pages[0]["payload"]
+    assert details["severity"] == "critical"
+    assert details["summary"].startswith("demo/stall: VerlTrainingStalled")
+    assert all("demo/stall" in json.dumps(p) for p in stack.receiver.received("/pagerduty"))
+
+
 def test_healthy_run_raises_no_alert(stack):
     lr_alert_at_alertmanager(stack)  # the pipeline alerts; silence below is not for lack of time
     wait_until(lambda: stack.query('verl_training_last_step{experiment="healthy"} >= 60'), timeout=TIMEOUT,
@@ -159,15 +179,15 @@ def test_healthy_run_raises_no_alert(stack):
 
 
 def test_recording_rules_are_written_back_to_victoriametrics(stack):
-    expected = {"running": 2, "stalled": 0, "finished": 0}
+    expected = {"running": 2, "stalled": 1, "finished": 0}
     wait_until(lambda: {r["metric"]["state"]: float(r["value"][1])
                         for r in stack.query("state:verl_training_runs:count")} == expected,
                timeout=TIMEOUT, message=f"runs per state {expected}")
     def per_run_utilization():
         result = stack.query("project_experiment:verl_gpu_utilization_ratio:avg")
-        return result if {r["metric"]["experiment"] for r in result} == {"healthy", "lr-too-high"} else None
+        return result if {r["metric"]["experiment"] for r in result} == {"healthy", "lr-too-high", "stall"} else None
 
-    utilization = wait_until(per_run_utilization, timeout=TIMEOUT, message="per-run GPU utilisation of both runs")
+    utilization = wait_until(per_run_utilization, timeout=TIMEOUT, message="per-run GPU utilisation of the three runs")
     assert all(0.8 <= float(r["value"][1]) <= 1 for r in utilization)
 
 
@@ -202,7 +222,7 @@ def test_fleet_counts_from_victoriametrics(stack, fleet_values):
         panel = next(p for p in panels(DASHBOARDS[FLEET]) if p["title"] == title)
         return float(stack.query(substitute(panel["targets"][0]["expr"], fleet_values))[0]["value"][1])
 
-    expected = {"Runs followed": 2, "Healthy": 1, "Warning": 1, "Stalled": 0, "GPUs up": 10}
+    expected = {"Runs followed": 3, "Healthy": 1, "Warning": 1, "Stalled": 1, "GPUs up": 10}
     wait_until(lambda: {title: count(title) for title in expected} == expected, timeout=TIMEOUT,
                message=f"fleet counts {expected}")
     assert stack.query('verl_actor_pg_clipfrac{project="no-such-project"}') == []
