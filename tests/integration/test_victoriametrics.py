@@ -2,12 +2,12 @@
 
 Debian's victoria-metrics package. Two exporters follow simulated runs, one step every 0.2 s:
 ``demo/lr-too-high`` (8 fake GPUs), and ``demo/healthy`` with ``demo/stall`` (20 steps, then the
-job hangs) on the other (2 fake GPUs). vmagent scrapes both every second as job
-"verl" and remote-writes into a single-node VictoriaMetrics; vmalert evaluates the shipped alert and
-recording rules against it (durations divided by 300 as in the alerting end-to-end test: one 0.2 s
-step stands for a 60 s verl step) and notifies a real Alertmanager running alerts/alertmanager.yml,
-whose Slack and PagerDuty notifications a local receiver records. Every fleet-dashboard query is answered by
-VictoriaMetrics, the way Grafana asks Prometheus.
+job hangs) on the other (2 fake GPUs). vmagent scrapes both every second as job "verl" and
+remote-writes into a single-node VictoriaMetrics; vmalert evaluates the shipped alert and recording
+rules against it (durations divided by 300 as in the alerting end-to-end test: one 0.2 s step
+stands for a 60 s verl step) and notifies a real Alertmanager running alerts/alertmanager.yml,
+whose Slack and PagerDuty notifications a local receiver records. Every fleet-dashboard query is
+answered by VictoriaMetrics, the way Grafana asks Prometheus.
 """
 
 from __future__ import annotations
