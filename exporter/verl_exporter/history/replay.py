@@ -1,0 +1,354 @@
+"""``verl-exporter replay``: which alerts would have fired over a run's history, and when.
+
+How the rules are evaluated, and why so:
+
+1. The logs are backfilled (``backfill``) into TSDB blocks in a temporary folder, and a real
+   Prometheus (the one on PATH) is started on a free loopback port over them.
+2. Recording rules are backfilled by Prometheus' own tool, ``promtool tsdb create-blocks-from
+   rules``, which evaluates them as range queries against that Prometheus at the group's interval;
+   Prometheus is then restarted over both sets of blocks. As with promtool, a recording rule
+   that reads another recording rule sees nothing of it (keep such rules one level deep).
+3. Alerting rules cannot be backfilled that way: promtool ignores them (Prometheus 2.42 says
+   "Alerting rules are not evaluated"), and Prometheus' rule manager only evaluates at the present
+   time. So each alert's expression is run as a range query from the first sample to the last with
+   the step set to the group's evaluation interval, which is exactly an instant query at each
+   evaluation time, and Prometheus' alert state machine (rules/alerting.go) is applied to the
+   result here: a label set that appears becomes pending at that evaluation; it fires at the first
+   evaluation at least ``for`` after it became active (at once when ``for`` is 0); it resolves at
+   the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
+   keeps it firing. Evaluations start at the first sample, as if Prometheus had been running since
+   the run started.
+
+Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
+which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
+would have fired, else 0; 2 on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from verl_exporter.records import RunKey
+
+from .backfill import History, _iso, add_source_arguments, build_from_args, create_blocks, write_openmetrics
+
+REPO = Path(__file__).resolve().parents[3]
+EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
+MAX_POINTS = 10_000  # Prometheus refuses range queries of more than 11,000 points per series
+
+
+def shipped_rules() -> list[Path]:
+    """The alert and recording rules of this repository (alerts/*.rules.yml, prometheus/recording-rules.yml)."""
+    files = sorted((REPO / "alerts").glob("*.rules.yml"))
+    recording = REPO / "prometheus" / "recording-rules.yml"
+    return files + ([recording] if recording.is_file() else [])
+
+
+@dataclass
+class AlertRule:
+    name: str
+    expr: str
+    interval: float
+    hold: float = 0.0
+    keep_firing: float = 0.0
+    labels: dict = field(default_factory=dict)
+    summary: str = ""
+
+
+@dataclass
+class Period:
+    state: str  # pending or firing
+    start: float
+    end: float
+
+
+@dataclass
+class AlertHistory:
+    """One alert (rule and label set) over the replayed range."""
+
+    rule: AlertRule
+    labels: dict
+    periods: list[Period] = field(default_factory=list)
+
+    @property
+    def fired(self) -> bool:
+        return any(period.state == "firing" for period in self.periods)
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "")
+
+    @property
+    def run(self) -> RunKey | None:
+        if "project" in self.labels and "experiment" in self.labels:
+            return RunKey(self.labels["project"], self.labels["experiment"])
+        return None
+
+
+def parse_duration(text: str | None) -> float:
+    """Seconds of a Prometheus duration (``90s``, ``1h30m``, ``0``)."""
+    if not text:
+        return 0.0
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    total, number = 0.0, ""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char.isdigit():
+            number += char
+            index += 1
+            continue
+        unit = "ms" if text.startswith("ms", index) else char
+        if unit not in units or not number:
+            raise ValueError(f"not a duration: {text!r}")
+        total += int(number) * units[unit]
+        number, index = "", index + len(unit)
+    if number:
+        if total or number != "0":
+            raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL) -> tuple[list[AlertRule], list[Path]]:
+    """The alerting rules of ``paths``, and the files that hold recording rules."""
+    alerts, recording = [], []
+    for path in paths:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        for group in data.get("groups") or []:
+            interval = parse_duration(group.get("interval")) or default_interval
+            for entry in group.get("rules") or []:
+                if "record" in entry:
+                    if path not in recording:
+                        recording.append(path)
+                    continue
+                alerts.append(AlertRule(
+                    entry["alert"], entry["expr"], interval, parse_duration(entry.get("for")),
+                    parse_duration(entry.get("keep_firing_for")), dict(entry.get("labels") or {}),
+                    (entry.get("annotations") or {}).get("summary", "")))
+    return alerts, recording
+
+
+def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
+    """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}."""
+    histories: dict[tuple, AlertHistory] = {}
+    active: dict[tuple, dict] = {}  # label set -> since, fired (time or None), seen (last time present)
+    last = times[0] if times else 0.0
+    for moment in times:
+        present = [key for key, points in samples.items() if moment in points]
+        for key in present:
+            active.setdefault(key, {"since": moment, "fired": None, "pending_end": moment})["seen"] = moment
+        for key, alert in list(active.items()):
+            if alert["seen"] != moment:
+                if not (alert["fired"] is not None and moment - alert["seen"] < rule.keep_firing):
+                    _close(histories, rule, key, alert, last)
+                    del active[key]
+                continue
+            if alert["fired"] is None:
+                if moment - alert["since"] >= rule.hold:
+                    alert["fired"] = moment
+                else:
+                    alert["pending_end"] = moment
+        last = moment
+    for key, alert in active.items():
+        _close(histories, rule, key, alert, last)
+    return list(histories.values())
+
+
+def _close(histories: dict, rule: AlertRule, key: tuple, alert: dict, end: float) -> None:
+    """Add one activation of an alert: pending from ``since``, firing from ``fired`` to ``end``."""
+    history = histories.setdefault(key, AlertHistory(rule, dict(key) | rule.labels))
+    fired = alert["fired"]
+    if fired is None or fired > alert["since"]:
+        history.periods.append(Period("pending", alert["since"], end if fired is None else alert["pending_end"]))
+    if fired is not None:
+        history.periods.append(Period("firing", fired, end))
+
+
+class Prometheus:
+    """A real Prometheus over ``data`` on a free loopback port, for range queries only."""
+
+    def __init__(self, workdir: Path, data: Path, binary: str):
+        self.workdir, self.data, self.binary = workdir, data, binary
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 60.0) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config = self.workdir / "prometheus.yml"
+        config.write_text("global: {}\n", encoding="utf-8")
+        self.log = self.workdir / f"prometheus-{port}.log"
+        self.url = f"http://127.0.0.1:{port}"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {self.process.returncode}: {self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"prometheus did not get ready in {timeout:g}s: {self._tail()}")
+
+    def _tail(self) -> str:
+        return self.log.read_text(errors="replace")[-1500:]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> dict[tuple, dict[float, float]]:
+        """label set -> {time: value} of ``expr`` evaluated every ``step`` from ``start`` to ``end``."""
+        out: dict[tuple, dict[float, float]] = {}
+        chunk_start = start
+        while chunk_start <= end:
+            chunk_end = min(end, chunk_start + step * (MAX_POINTS - 1))
+            query = urllib.parse.urlencode({"query": expr, "start": f"{chunk_start:.3f}",
+                                            "end": f"{chunk_end:.3f}", "step": f"{step:g}"})
+            request = urllib.request.Request(self.url + "/api/v1/query_range", data=query.encode(),
+                                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    body = json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                body = json.loads(exc.read() or b"{}")
+                raise RuntimeError(f"query failed: {body.get('error', exc)}: {expr.strip()[:200]}") from None
+            for series in body["data"]["result"]:
+                key = tuple(sorted(series["metric"].items()))
+                points = out.setdefault(key, {})
+                for moment, value in series["values"]:
+                    points[round(float(moment), 3)] = float(value)
+            chunk_start = chunk_end + step
+        return out
+
+
+def replay(history: History, rule_files: list[Path], workdir: Path, *, interval: float,
+           prometheus: str, promtool: str) -> tuple[list[AlertHistory], int]:
+    """Every alert's history over ``history``, and the number of alerting rules evaluated."""
+    alerts, recording = load_rules(rule_files, interval)
+    data = workdir / "data"
+    openmetrics = workdir / "backfill.om"
+    with openmetrics.open("w", encoding="utf-8") as out:
+        write_openmetrics(history, out, interval=interval)
+    create_blocks(openmetrics, data, promtool)
+    server = Prometheus(workdir, data, prometheus)
+    start, end = round(history.start, 3), round(history.end, 3)
+    try:
+        server.start()
+        if recording:
+            _backfill_recording_rules(server, recording, workdir / "recorded", start, end, interval, promtool)
+        results = []
+        for rule in alerts:
+            times = [round(start + k * rule.interval, 3) for k in range(int((end - start) // rule.interval) + 1)]
+            samples = server.query_range(rule.expr, start, times[-1], rule.interval)
+            results += evaluate(rule, samples, times)
+    finally:
+        server.stop()
+    return results, len(alerts)
+
+
+def _backfill_recording_rules(server: Prometheus, files: list[Path], output: Path, start: float, end: float,
+                              interval: float, promtool: str) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    command = [promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={server.url}",
+               f"--start={int(start)}", f"--end={int(end) + 1}", f"--eval-interval={interval:g}s",
+               f"--output-dir={output}", *map(str, files)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"promtool failed ({result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}")
+    server.stop()
+    for block in output.iterdir():
+        if block.is_dir():
+            shutil.move(str(block), server.data / block.name)
+    server.start()
+
+
+def report(history: History, alerts: list[AlertHistory], rules: int) -> str:
+    """The printed result: per alert, the steps and times it was pending and firing."""
+    steps = sum(len(timeline.steps) for timeline in history.timelines)
+    lines = [f"replayed {len(history.steps)} run(s), {steps} steps, {_iso(history.start)} to {_iso(history.end)}, "
+             f"against {rules} alerting rules"]
+    for alert in sorted(alerts, key=lambda a: (a.periods[0].start, a.rule.name)):
+        run = alert.run
+        shown = ("severity", "job", "instance") + (("project", "experiment") if run else ())
+        where = " ".join(([f"{run.project}/{run.experiment}"] if run else [])
+                         + [f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in shown])
+        lines.append(f"\n{alert.rule.name} ({alert.severity}) {where}\n  {alert.rule.summary}")
+        for period in alert.periods:
+            lines.append(f"  {period.state:8s} {_steps(history, run, period)}  "
+                         f"({_iso(period.start)} to {_iso(period.end)})")
+    fired = [alert for alert in alerts if alert.fired]
+    critical = [alert for alert in fired if alert.severity == "critical"]
+    lines.append(f"\n{len(fired)} alert(s) would have fired ({len(critical)} critical), "
+                 f"{len(alerts) - len(fired)} only pending." if alerts else "\nno alert would have fired.")
+    return "\n".join(lines)
+
+
+def _steps(history: History, run: RunKey | None, period: Period) -> str:
+    if run is None and len(history.steps) == 1:
+        run = next(iter(history.steps))
+    if run is None:
+        return ""
+    first, last = history.step_at(run, period.start), history.step_at(run, period.end)
+    return f"step {first} to {last}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="verl-exporter replay",
+        description="Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
+    add_source_arguments(parser)
+    parser.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
+                        help="rule files (default: the shipped alerts/*.rules.yml and recording rules)")
+    parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="prometheus binary (default: from PATH)")
+    parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it (blocks, logs)")
+    args = parser.parse_args(argv)
+    rules = args.rules or shipped_rules()
+    if not rules:
+        parser.error("no rule files found: give --rules")
+    if not args.prometheus or not args.promtool:
+        parser.error("prometheus and promtool must be on PATH (or give --prometheus and --promtool)")
+    try:
+        history = build_from_args(args)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            alerts, count = replay(history, rules, args.keep, interval=args.scrape_interval,
+                                   prometheus=args.prometheus, promtool=args.promtool)
+        else:
+            with tempfile.TemporaryDirectory(prefix="verl-replay-") as workdir:
+                alerts, count = replay(history, rules, Path(workdir), interval=args.scrape_interval,
+                                       prometheus=args.prometheus, promtool=args.promtool)
+    except (OSError, ValueError, RuntimeError, yaml.YAMLError) as exc:
+        print(f"verl-exporter replay: error: {exc}", file=sys.stderr)
+        return 2
+    print(report(history, alerts, count))
+    return 1 if any(alert.fired and alert.severity == "critical" for alert in alerts) else 0
