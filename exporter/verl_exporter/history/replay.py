@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -122,23 +123,35 @@ def parse_duration(text: str | None) -> float:
     return total
 
 
-def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL) -> tuple[list[AlertRule], list[Path]]:
-    """The alerting rules of ``paths``, and the files that hold recording rules."""
+def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL) -> tuple[list[AlertRule], list[dict]]:
+    """The alerting rules of ``paths``, and the groups of the recording rules they read."""
     alerts, recording = [], []
     for path in paths:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         for group in data.get("groups") or []:
             interval = parse_duration(group.get("interval")) or default_interval
+            records = [entry for entry in group.get("rules") or [] if "record" in entry]
+            if records:
+                recording.append({"name": group["name"], "interval": f"{interval:g}s", "rules": records})
             for entry in group.get("rules") or []:
-                if "record" in entry:
-                    if path not in recording:
-                        recording.append(path)
-                    continue
-                alerts.append(AlertRule(
-                    entry["alert"], entry["expr"], interval, parse_duration(entry.get("for")),
-                    parse_duration(entry.get("keep_firing_for")), dict(entry.get("labels") or {}),
-                    (entry.get("annotations") or {}).get("summary", "")))
-    return alerts, recording
+                if "alert" in entry:
+                    alerts.append(AlertRule(
+                        entry["alert"], entry["expr"], interval, parse_duration(entry.get("for")),
+                        parse_duration(entry.get("keep_firing_for")), dict(entry.get("labels") or {}),
+                        (entry.get("annotations") or {}).get("summary", "")))
+    return alerts, _read_by(alerts, recording)
+
+
+def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
+    """The recording rules the alerts read (the others cannot change what the alerts do)."""
+    exprs = "\n".join(rule.expr for rule in alerts)
+    needed = []
+    for group in groups:
+        rules = [entry for entry in group["rules"]
+                 if re.search(rf"(?<![\w:]){re.escape(entry['record'])}(?![\w:])", exprs)]
+        if rules:
+            needed.append(group | {"rules": rules})
+    return needed
 
 
 def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
@@ -275,9 +288,12 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     return results, len(alerts)
 
 
-def _backfill_recording_rules(server: Prometheus, files: list[Path], output: Path, start: float, end: float,
+def _backfill_recording_rules(server: Prometheus, groups: list[dict], output: Path, start: float, end: float,
                               interval: float, promtool: str) -> None:
     output.mkdir(parents=True, exist_ok=True)
+    rules = output.parent / "recording-rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), encoding="utf-8")
+    files = [rules]
     command = [promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={server.url}",
                f"--start={int(start)}", f"--end={int(end) + 1}", f"--eval-interval={interval:g}s",
                f"--output-dir={output}", *map(str, files)]

@@ -163,5 +163,6 @@ def _assign_times(steps: list[Step], mtime: float, default_step_seconds: float) 
             step.time = following - (after if after is not None else fallback)
         following = step.time
     for record_step in steps:
+        record_step.time = round(record_step.time, 3)  # milliseconds, as Prometheus stores them
         for record in record_step.records:
             record.time = record_step.time
