@@ -11,13 +11,14 @@ How the rules are evaluated, and why so:
 3. Alerting rules cannot be backfilled that way: promtool ignores them (Prometheus 2.42 says
    "Alerting rules are not evaluated"), and Prometheus' rule manager only evaluates at the present
    time. So each alert's expression is run as a range query from the first sample to the last with
-   the step set to the group's evaluation interval, which is exactly an instant query at each
-   evaluation time, and Prometheus' alert state machine (rules/alerting.go) is applied to the
+   the step set to the group's evaluation interval (the last evaluation at the last sample), which
+   is exactly an instant query at each evaluation time, and Prometheus' alert state machine (rules/alerting.go) is applied to the
    result here: a label set that appears becomes pending at that evaluation; it fires at the first
    evaluation at least ``for`` after it became active (at once when ``for`` is 0); it resolves at
    the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
-   keeps it firing. Evaluations start at the first sample, as if Prometheus had been running since
-   the run started.
+   keeps it firing; the alert's labels are the series' without ``__name__``, plus the rule's.
+   Evaluations cover the whole history, as if Prometheus had been running since the run started.
+   Only the recording rules that the alerts read are backfilled: the others cannot change them.
 
 Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
 which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
@@ -157,15 +158,17 @@ def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
 def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
     """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}."""
     histories: dict[tuple, AlertHistory] = {}
-    active: dict[tuple, dict] = {}  # label set -> since, fired (time or None), seen (last time present)
+    active: dict[tuple, dict] = {}  # label set -> since, fired (time or None), seen, cleared
     last = times[0] if times else 0.0
     for moment in times:
         present = [key for key, points in samples.items() if moment in points]
         for key in present:
-            active.setdefault(key, {"since": moment, "fired": None, "pending_end": moment})["seen"] = moment
+            alert = active.setdefault(key, {"since": moment, "fired": None, "pending_end": moment})
+            alert["seen"], alert["cleared"] = moment, None
         for key, alert in list(active.items()):
-            if alert["seen"] != moment:
-                if not (alert["fired"] is not None and moment - alert["seen"] < rule.keep_firing):
+            if alert["seen"] != moment:  # keep_firing_for counts from the first evaluation without it
+                alert["cleared"] = alert["cleared"] if alert["cleared"] is not None else moment
+                if not (alert["fired"] is not None and moment - alert["cleared"] < rule.keep_firing):
                     _close(histories, rule, key, alert, last)
                     del active[key]
                 continue
@@ -254,8 +257,8 @@ class Prometheus:
             except urllib.error.HTTPError as exc:
                 body = json.loads(exc.read() or b"{}")
                 raise RuntimeError(f"query failed: {body.get('error', exc)}: {expr.strip()[:200]}") from None
-            for series in body["data"]["result"]:
-                key = tuple(sorted(series["metric"].items()))
+            for series in body["data"]["result"]:  # an alert's labels are its series' without the name
+                key = tuple(sorted((k, v) for k, v in series["metric"].items() if k != "__name__"))
                 points = out.setdefault(key, {})
                 for moment, value in series["values"]:
                     points[round(float(moment), 3)] = float(value)
@@ -280,8 +283,9 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
             _backfill_recording_rules(server, recording, workdir / "recorded", start, end, interval, promtool)
         results = []
         for rule in alerts:
-            times = [round(start + k * rule.interval, 3) for k in range(int((end - start) // rule.interval) + 1)]
-            samples = server.query_range(rule.expr, start, times[-1], rule.interval)
+            count = int((end - start) // rule.interval)
+            times = [round(end - k * rule.interval, 3) for k in range(count, -1, -1)]
+            samples = server.query_range(rule.expr, times[0], end, rule.interval)
             results += evaluate(rule, samples, times)
     finally:
         server.stop()
