@@ -18,7 +18,9 @@ SCENARIOS: dict[str, str] = {
     "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
     "stall": "healthy, then the job hangs: no step is written after stall_after steps",
     "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
+    "grad-spike": "healthy, but at steps 100-101 grad_norm x8, ppo_kl x10, vf_loss x20 and pg_loss +0.05",
 }
+SPIKE_STEPS = (100, 101)  # the grad-spike scenario's two abnormal steps
 ALGORITHMS = ("ppo", "grpo")
 VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-core/openai/gsm8k/acc/mean@1",
             "val-aux/openai/gsm8k/reward/std@1")
@@ -179,6 +181,12 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
         "training/global_step": step,
         "training/epoch": (step - 1) // STEPS_PER_EPOCH,
     })
+    if scenario == "grad-spike" and step in SPIKE_STEPS:
+        m["actor/grad_norm"] *= 8
+        m["actor/ppo_kl"] *= 10
+        m["actor/pg_loss"] += 0.05
+        if ppo:
+            m["critic/vf_loss"] *= 20
     if scenario == "nan" and step >= nan_after:
         m["actor/pg_loss"] = m["actor/grad_norm"] = math.nan
         if ppo:

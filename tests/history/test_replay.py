@@ -38,6 +38,9 @@ EXPECTED: dict[tuple[str, str, str], set[str]] = {
     ("truncation", "ppo", "jsonl"): {"VerlResponsesOftenTruncated", "VerlResponsesTruncated"},
     ("stall", "ppo", "jsonl"): {"VerlTrainingStalled"},
     ("nan", "ppo", "console"): {"VerlTrainingNonFinite"},
+    ("grad-spike", "ppo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlCriticVfLossSpike",
+                                     "VerlPolicyKlSpike"},
+    ("grad-spike", "grpo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlPolicyKlSpike"},
 }
 
 

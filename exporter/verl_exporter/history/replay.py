@@ -18,7 +18,8 @@ How the rules are evaluated, and why so:
    the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
    keeps it firing; the alert's labels are the series' without ``__name__``, plus the rule's.
    Evaluations cover the whole history, as if Prometheus had been running since the run started.
-   Only the recording rules that the alerts read are backfilled: the others cannot change them.
+   Only the recording rules that the alerts read are backfilled (the others cannot change them),
+   and the alerts read them as ``last_over_time(name[interval])``, see ``read_fresh``.
 
 Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
 which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
@@ -28,6 +29,7 @@ would have fired, else 0; 2 on errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -155,6 +157,18 @@ def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
     return needed
 
 
+def read_fresh(expr: str, groups: list[dict]) -> str:
+    """``expr`` reading each recorded series as ``last_over_time(name[interval])``: the sample of its
+    group's latest evaluation only. Live, a series a rule stops producing is marked stale and gone at
+    once; promtool's backfilled blocks hold no staleness markers, so without this the last sample
+    would linger for the 5 minute lookback."""
+    for group in groups:
+        for name in {entry["record"] for entry in group["rules"]}:
+            pattern = rf"(?<![\w:]){re.escape(name)}(\{{[^}}]*\}})?(?![\w:])(?!\s*\[)"
+            expr = re.sub(pattern, lambda m: f"last_over_time({m.group(0)}[{group['interval']}])", expr)
+    return expr
+
+
 def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
     """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}."""
     histories: dict[tuple, AlertHistory] = {}
@@ -270,6 +284,7 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
            prometheus: str, promtool: str) -> tuple[list[AlertHistory], int]:
     """Every alert's history over ``history``, and the number of alerting rules evaluated."""
     alerts, recording = load_rules(rule_files, interval)
+    alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
     data = workdir / "data"
     openmetrics = workdir / "backfill.om"
     with openmetrics.open("w", encoding="utf-8") as out:
