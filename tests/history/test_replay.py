@@ -41,6 +41,9 @@ EXPECTED: dict[tuple[str, str, str], set[str]] = {
     ("grad-spike", "ppo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlCriticVfLossSpike",
                                      "VerlPolicyKlSpike"},
     ("grad-spike", "grpo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlPolicyKlSpike"},
+    ("rollout-mismatch", "grpo", "jsonl"): {"VerlRolloutActorProbsUncorrelated", "VerlRolloutChiSquaredHigh",
+                                            "VerlRolloutIsWeightsConcentrated", "VerlRolloutOffPolicyGap",
+                                            "VerlRolloutProbsDiffHigh", "VerlRolloutProbsDiffMaxHigh"},
 }
 
 
