@@ -14,6 +14,7 @@ promtool is on PATH (otherwise the command is printed). How each step's time is 
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import math
 import shutil
@@ -56,12 +57,9 @@ class History:
 
     def step_at(self, run: RunKey, moment: float) -> int | None:
         """The run's last step logged at or before ``moment``."""
-        latest = None
-        for logged, step in self.steps.get(run, ()):
-            if logged > moment:
-                break
-            latest = step
-        return latest
+        clock = self.steps.get(run, [])
+        index = bisect.bisect_right(clock, (moment, math.inf))
+        return clock[index - 1][1] if index else None
 
     def grid(self, interval: float) -> list[float]:
         """The scrape times: every ``interval`` from the first step, and the end."""
@@ -239,11 +237,11 @@ def describe(history: History) -> str:
         first, last = timeline.steps[0], timeline.steps[-1]
         runs = sorted({f"{r.run.project}/{r.run.experiment}" for s in timeline.steps for r in s.records})
         lines.append(f"{timeline.path}: {', '.join(runs)}: {len(timeline.steps)} steps ({first.step}-{last.step}), "
-                     f"{_iso(first.time)} to {_iso(last.time)}, times from {timeline.method}")
+                     f"{iso(first.time)} to {iso(last.time)}, times from {timeline.method}")
     return "\n".join(lines)
 
 
-def _iso(moment: float) -> str:
+def iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
