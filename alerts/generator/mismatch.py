@@ -37,6 +37,9 @@ THRESHOLDS = {
 EXTRA = {"mismatch": THRESHOLDS}
 CORR = "verl_(actor_)?rollout_corr_"  # ray_trainer logs rollout_corr/*, the bypass-mode actor actor/rollout_corr/*
 DOC = "verl's docs/algo/rollout_corr.md"
+DOC_LINK = "[verl's Rollout Correction guide](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md)"
+PRECISION_LINK = ("[verl's NPU migration guide, Precision Alignment](https://github.com/verl-project/verl/blob/main/"
+                  "docs/ascend_tutorial/en/dev_guide/model_dev/transfer_to_npu_guide.md)")
 ENABLE = "`actor_rollout_ref.rollout.calculate_log_probs=True`"
 
 
@@ -51,9 +54,8 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         "The rollout engine and the trainer disagree on token probabilities.",
         f"Run {RUN}: training/rollout_probs_diff_mean is {NUMBER}, above ${{mismatch:probs_diff_mean}}.",
         "`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
-        "rollout engine gave each sampled token and the one the trainer recomputes. verl's precision guide "
-        "(docs/ascend_tutorial/en/dev_guide/model_dev/transfer_to_npu_guide.md, Precision Alignment) says to "
-        "keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
+        "rollout engine gave each sampled token and the one the trainer recomputes. "
+        f"{PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
         "different hyperparameters such as an `eps`) and the policy gradient is biased; this mismatch is a "
         "known cause of RL collapse.",
         "Compare rollout and trainer precision and versions (dtype, vLLM/SGLang kernels, MoE routing: use "
@@ -66,7 +68,7 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         f"Run {RUN}: training/rollout_probs_diff_max is {NUMBER}, above ${{mismatch:probs_diff_max}}, for "
         "30 minutes.",
         "The largest per-token probability difference stays near 1: some tokens are near-certain in one "
-        "engine and unlikely in the other (verl's precision guide names this extreme case). A few such "
+        f"engine and unlikely in the other ({PRECISION_LINK} names this extreme case). A few such "
         "tokens can dominate the importance ratios.",
         f"Enable rejection sampling of outliers (`algorithm.rollout_correction.rollout_rs`, see {DOC}); "
         "check the tokenizer and chat template are the same for rollout and training."),
@@ -87,7 +89,7 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         "The rollout policy and the training policy have drifted apart (rollout KL too large).",
         f"Run {RUN}: the KL between rollout and training policy (rollout_corr/kl, k3_kl or the log of "
         f"ppl_ratio) is {NUMBER}, beyond ${{mismatch:kl}}.",
-        f"{DOC} calls a KL between the rollout policy and the training policy above 0.1 a significant "
+        f"{DOC_LINK} calls a KL between the rollout policy and the training policy above 0.1 a significant "
         "off-policy gap. `k3_kl` estimates the same KL more stably; `ppl_ratio` is exp of the mean log "
         "probability gap, so its log is held to the same bound.",
         "Follow the Rollout Correction guide: start with bypass mode and rejection sampling "
@@ -98,7 +100,7 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         f"{corr('chi2_token')} > ${{mismatch:chi2}}", "15m",
         "The rollout and training distributions have shifted severely (chi-squared).",
         f"Run {RUN}: rollout_corr/chi2_token is {NUMBER}, above ${{mismatch:chi2}}.",
-        f"`chi2_token` is the second moment of the token IS weights minus 1; {DOC} reads above 1.0 as a "
+        f"`chi2_token` is the second moment of the token IS weights minus 1; {DOC_LINK} reads above 1.0 as a "
         "severe distribution shift: the IS-weighted gradient has a very high variance.",
         "Tighten `algorithm.rollout_correction.rollout_is_threshold`, switch from sequence to geometric "
         "rejection sampling, and check why rollout and training differ."),
@@ -109,7 +111,7 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         "The mean importance-sampling weight is far from 1.",
         f"Run {RUN}: rollout_corr/rollout_is_mean is {NUMBER}, outside ${{mismatch:is_mean_min}}-"
         "${mismatch:is_mean_max}.",
-        f"A mean IS weight close to 1 means little off-policy gap; {DOC} flags below 0.5 or above 2.0 as a "
+        f"A mean IS weight close to 1 means little off-policy gap; {DOC_LINK} flags below 0.5 or above 2.0 as a "
         "significant, systematic distribution shift, most often a setup error.",
         f"As the guide's troubleshooting says: verify {ENABLE}, check that the rollout log-probs are passed "
         "correctly, then look for a systematic shift between the engines."),
@@ -120,7 +122,7 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         "Importance-sampling weights concentrate on few samples.",
         f"Run {RUN}: the IS weights' effective sample size (fraction of the batch) or std is {NUMBER}: below "
         "${mismatch:ess_min} or above ${mismatch:is_std_max}.",
-        f"{DOC}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
+        f"{DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
         "samples carry most of the gradient (high spread in IS weights).",
         "Switch `algorithm.rollout_correction` from `sequence` to `geometric` level, tighten the thresholds, "
         "and verify rollout and training are not too different."),

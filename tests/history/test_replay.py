@@ -139,3 +139,19 @@ def test_state_machine_without_for_fires_at_once_and_keep_firing_for_bridges_gap
     (kept,) = evaluate(rule(keep=40), present, TIMES)
     assert [(p.state, p.start, p.end) for p in kept.periods] == [("firing", 10, 90)]
     assert evaluate(rule(), {}, TIMES) == []
+
+
+def test_recorded_series_are_read_fresh_and_only_the_ones_alerts_read_are_backfilled(tmp_path):
+    rules = tmp_path / "r.yml"
+    rules.write_text(json.dumps({"groups": [
+        {"name": "rec", "interval": "30s", "rules": [{"record": "run:a:z", "expr": "1"}, {"record": "run:b:z", "expr": "2"}]},
+        {"name": "alerts", "rules": [{"alert": "VerlA", "expr": 'run:a:z > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])'}]},
+    ]}))
+    alerts, recording = replay.load_rules([rules])
+    assert [entry["record"] for group in recording for entry in group["rules"]] == ["run:a:z"]
+    assert alerts[0].interval == 15.0 and alerts[0].hold == 0
+    assert replay.read_fresh(alerts[0].expr, recording) == (
+        'last_over_time(run:a:z[30s]) > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])')
+    assert replay.parse_duration("1h30m") == 5400 and replay.parse_duration("0") == 0
+    with pytest.raises(ValueError):
+        replay.parse_duration("10 minutes")
