@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from servers import require_binary
 from verl_exporter import simulate
 from verl_exporter.cli import main
-from verl_exporter.history import backfill, replay
+from verl_exporter.history import backfill, prometheus, replay
 from verl_exporter.history.replay import AlertRule, evaluate
 
 STEPS = 150
@@ -92,8 +93,10 @@ def test_replay_prints_steps_and_exits_1_on_a_critical_alert(tmp_path, capsys):
     assert "(3 critical)" in printed  # actor/pg_loss, actor/grad_norm, critic/vf_loss
 
 
-def test_given_rules_only_and_their_recording_rules(tmp_path, capsys):
-    """--rules replaces the shipped rules; an alert reading a recording rule sees its backfilled values."""
+def test_given_rules_only_and_their_recording_rules(tmp_path, capsys, monkeypatch):
+    """--rules replaces the shipped rules; an alert reading a recording rule sees its backfilled values.
+    Range queries are cut into chunks (here of 50 evaluations) without changing the result."""
+    monkeypatch.setattr(prometheus, "MAX_POINTS", 50)
     rules = tmp_path / "mine.rules.yml"
     rules.write_text(json.dumps({"groups": [{"name": "mine", "interval": "30s", "rules": [
         {"record": "run:clipfrac:doubled", "expr": "2 * verl_actor_pg_clipfrac"},
@@ -105,7 +108,10 @@ def test_given_rules_only_and_their_recording_rules(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "against 1 alerting rules" in printed
     assert "VerlClipfracDoubledHigh (warning) sim/lr-too-high-ppo" in printed
-    assert "pending  step 1 to " in printed and "firing   step " in printed
+    periods = re.findall(r"^  (pending|firing) +step (\d+) to (\d+) ", printed, flags=re.M)
+    assert [(state, int(first)) for state, first, _ in periods][:1] == [("pending", 1)]  # clipfrac ~0.8 from step 1
+    assert [state for state, _, _ in periods] == ["pending", "firing"] and periods[-1][2] == str(STEPS)
+    assert int(periods[0][2]) in (9, 10)  # 10 minutes of steps of about 64 s
 
 
 def test_replay_errors_are_one_line(tmp_path, capsys):

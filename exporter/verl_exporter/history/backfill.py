@@ -120,7 +120,7 @@ def _record_changes(history: History, collector: TrainingCollector, latest: dict
             history.series.setdefault(key, []).append((moment, value))
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
@@ -137,9 +137,9 @@ def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVA
         keys = by_family.get(name)
         if not keys:
             continue
-        out.write(f"# HELP {name} {_escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
+        out.write(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
         for key in sorted(keys):
-            labels = ",".join(f'{label}="{_escape(value)}"' for label, value in sorted(key[2] + target))
+            labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target))
             prefix = f"{key[1]}{{{labels}}} "
             changes = history.series[key]
             position, value = 0, None

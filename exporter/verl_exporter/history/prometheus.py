@@ -68,7 +68,7 @@ class Prometheus:
         out: dict[tuple, dict[float, float]] = {}
         chunk_start = start
         while chunk_start <= end:
-            chunk_end = min(end, chunk_start + step * (MAX_POINTS - 1))
+            chunk_end = min(end, round(chunk_start + step * (MAX_POINTS - 1), 3))
             query = urllib.parse.urlencode({"query": expr, "start": f"{chunk_start:.3f}",
                                             "end": f"{chunk_end:.3f}", "step": f"{step:g}"})
             request = urllib.request.Request(self.url + "/api/v1/query_range", data=query.encode(),
@@ -84,5 +84,5 @@ class Prometheus:
                 points = out.setdefault(key, {})
                 for moment, value in series["values"]:
                     points[round(float(moment), 3)] = float(value)
-            chunk_start = chunk_end + step
+            chunk_start = round(chunk_end + step, 3)
         return out

@@ -4,22 +4,23 @@ How the rules are evaluated, and why so:
 
 1. The logs are backfilled (``backfill``) into TSDB blocks in a temporary folder, and a real
    Prometheus (the one on PATH) is started on a free loopback port over them.
-2. Recording rules are backfilled by Prometheus' own tool, ``promtool tsdb create-blocks-from
-   rules``, which evaluates them as range queries against that Prometheus at the group's interval;
-   Prometheus is then restarted over both sets of blocks. As with promtool, a recording rule
-   that reads another recording rule sees nothing of it (keep such rules one level deep).
-3. Alerting rules cannot be backfilled that way: promtool ignores them (Prometheus 2.42 says
-   "Alerting rules are not evaluated"), and Prometheus' rule manager only evaluates at the present
-   time. So each alert's expression is run as a range query from the first sample to the last with
+2. The recording rules that the alerts read are evaluated the way a rule group does, as a range
+   query stepping at the group's interval over the whole history (what ``promtool tsdb
+   create-blocks-from rules`` does too, but on the same evaluation times as the alerts below, so
+   every recorded sample is where an alert evaluation looks for it), written back as blocks, and
+   Prometheus is restarted over them. A recording rule that reads another recording rule sees
+   nothing of it (keep such rules one level deep, as promtool requires).
+3. Alerting rules cannot be backfilled: promtool ignores them (2.42: "Alerting rules are not
+   evaluated"), so it cannot honour ``for``, and Prometheus' rule manager only evaluates at the
+   present time. So each alert's expression is run as a range query over the whole history with
    the step set to the group's evaluation interval (the last evaluation at the last sample), which
-   is exactly an instant query at each evaluation time, and Prometheus' alert state machine (rules/alerting.go) is applied to the
-   result here: a label set that appears becomes pending at that evaluation; it fires at the first
+   is exactly an instant query at each evaluation time, and Prometheus' alert state machine
+   (rules/alerting.go) is applied to the result here: a label set that appears becomes pending at that evaluation; it fires at the first
    evaluation at least ``for`` after it became active (at once when ``for`` is 0); it resolves at
    the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
    keeps it firing; the alert's labels are the series' without ``__name__``, plus the rule's.
    Evaluations cover the whole history, as if Prometheus had been running since the run started.
-   Only the recording rules that the alerts read are backfilled (the others cannot change them),
-   and the alerts read them as ``last_over_time(name[interval])``, see ``read_fresh``.
+   The alerts read recorded series as ``last_over_time(name[interval])``: see ``read_fresh``.
 
 Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
 which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
@@ -32,7 +33,6 @@ import argparse
 import dataclasses
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -42,7 +42,10 @@ import yaml
 
 from verl_exporter.records import RunKey
 
-from .backfill import History, add_source_arguments, build_from_args, create_blocks, iso, write_openmetrics
+from prometheus_client.utils import floatToGoString
+
+from .backfill import (History, add_source_arguments, build_from_args, create_blocks, escape, iso,
+                       write_openmetrics)
 from .prometheus import Prometheus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -155,8 +158,8 @@ def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
 def read_fresh(expr: str, groups: list[dict]) -> str:
     """``expr`` reading each recorded series as ``last_over_time(name[interval])``: the sample of its
     group's latest evaluation only. Live, a series a rule stops producing is marked stale and gone at
-    once; promtool's backfilled blocks hold no staleness markers, so without this the last sample
-    would linger for the 5 minute lookback."""
+    once; backfilled blocks hold no staleness markers, so without this its last sample would linger
+    for the 5 minute lookback."""
     for group in groups:
         for name in {entry["record"] for entry in group["rules"]}:
             pattern = rf"(?<![\w:]){re.escape(name)}(\{{[^}}]*\}})?(?![\w:])(?!\s*\[)"
@@ -217,11 +220,10 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     try:
         server.start()
         if recording:
-            _backfill_recording_rules(server, recording, workdir / "recorded", start, end, interval, promtool)
+            _record(server, recording, workdir, start, end, promtool)
         results = []
         for rule in alerts:
-            count = int((end - start) // rule.interval)
-            times = [round(end - k * rule.interval, 3) for k in range(count, -1, -1)]
+            times = evaluation_times(start, end, rule.interval)
             samples = server.query_range(rule.expr, times[0], end, rule.interval)
             results += evaluate(rule, samples, times)
     finally:
@@ -229,22 +231,35 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     return results, len(alerts)
 
 
-def _backfill_recording_rules(server: Prometheus, groups: list[dict], output: Path, start: float, end: float,
-                              interval: float, promtool: str) -> None:
-    output.mkdir(parents=True, exist_ok=True)
-    rules = output.parent / "recording-rules.yml"
-    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), encoding="utf-8")
-    files = [rules]
-    command = [promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={server.url}",
-               f"--start={int(start)}", f"--end={int(end) + 1}", f"--eval-interval={interval:g}s",
-               f"--output-dir={output}", *map(str, files)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"promtool failed ({result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}")
+def evaluation_times(start: float, end: float, interval: float) -> list[float]:
+    """Every ``interval`` over the history, the last evaluation at its last sample."""
+    count = int((end - start) // interval)
+    return [round(end - k * interval, 3) for k in range(count, -1, -1)]
+
+
+def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float, end: float, promtool: str) -> None:
+    """Evaluate the recording rules at their groups' evaluation times, load the results as blocks
+    and restart Prometheus over them."""
+    openmetrics = workdir / "recorded.om"
+    families: dict[str, list[str]] = {}
+    for group in groups:
+        interval = parse_duration(group["interval"])
+        times = evaluation_times(start, end, interval)
+        for entry in group["rules"]:
+            extra = tuple((str(k), str(v)) for k, v in (entry.get("labels") or {}).items())
+            lines = families.setdefault(entry["record"], [])
+            for key, points in server.query_range(entry["expr"], times[0], end, interval).items():
+                labels = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(dict(key + extra).items()))
+                lines += [f"{entry['record']}{{{labels}}} {floatToGoString(value)} {moment:.3f}\n"
+                          for moment, value in sorted(points.items())]
+    with openmetrics.open("w", encoding="utf-8") as out:
+        for name, lines in families.items():
+            if lines:
+                out.write(f"# TYPE {name} gauge\n")
+                out.writelines(lines)
+        out.write("# EOF\n")
     server.stop()
-    for block in output.iterdir():
-        if block.is_dir():
-            shutil.move(str(block), server.data / block.name)
+    create_blocks(openmetrics, server.data, promtool)
     server.start()
 
 
@@ -284,10 +299,12 @@ def main(argv: list[str]) -> int:
         description="Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
     add_source_arguments(parser)
     parser.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
-                        help="rule files (default: the shipped alerts/*.rules.yml and recording rules)")
+                        help="rule files, after the sources (default: the shipped alerts/*.rules.yml and "
+                             "prometheus/recording-rules.yml); evaluated every --scrape-interval unless a "
+                             "group sets its interval")
     parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="prometheus binary (default: from PATH)")
     parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
-    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it (blocks, logs)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR (new or empty) and keep it (blocks, logs)")
     args = parser.parse_args(argv)
     rules = args.rules or shipped_rules()
     if not rules:
@@ -298,6 +315,8 @@ def main(argv: list[str]) -> int:
         history = build_from_args(args)
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
+            if any(args.keep.iterdir()):
+                raise ValueError(f"--keep {args.keep}: not empty")
             alerts, count = replay(history, rules, args.keep, interval=args.scrape_interval,
                                    prometheus=args.prometheus, promtool=args.promtool)
         else:
