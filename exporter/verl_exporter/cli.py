@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import simulate
 
         return simulate.main(argv[1:]) or 0
+    if argv[:1] in (["backfill"], ["replay"]):
+        from .history import backfill, replay
+
+        return (backfill if argv[0] == "backfill" else replay).main(argv[1:])
     signals = _Signals()
     app = None
     try:

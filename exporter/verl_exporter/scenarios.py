@@ -21,7 +21,12 @@ SCENARIOS: dict[str, str] = {
     "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
     "stall": "healthy, then the job hangs: no step is written after stall_after steps",
     "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
+    "grad-spike": "healthy, but at steps 100-101 grad_norm x8, ppo_kl x10, vf_loss x20 and pg_loss +0.05",
+    "rollout-mismatch": "healthy with mismatch metrics logged; from step 60 rollout and trainer drift apart "
+                        "(probs diff 0.003 -> 0.03, pearson 0.999 -> 0.85, rollout KL 0.002 -> 0.15)",
 }
+SPIKE_STEPS = (100, 101)  # the grad-spike scenario's two abnormal steps
+MISMATCH_FROM = 60  # the rollout-mismatch scenario's engines drift apart over the 10 steps from here
 ALGORITHMS = ("ppo", "grpo")
 # Scenarios that are one algorithm whatever the caller asks.
 SCENARIO_ALGORITHMS = {"healthy-grpo": "grpo"}
@@ -229,11 +234,43 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
         "training/global_step": step,
         "training/epoch": (step - 1) // STEPS_PER_EPOCH,
     })
+    if scenario == "grad-spike" and step in SPIKE_STEPS:
+        m["actor/grad_norm"] *= 8
+        m["actor/ppo_kl"] *= 10
+        m["actor/pg_loss"] += 0.05
+        if ppo:
+            m["critic/vf_loss"] *= 20
+    if scenario == "rollout-mismatch":
+        m.update(_mismatch_values(step, rng))
     if scenario == "nan" and step >= nan_after:
         m["actor/pg_loss"] = m["actor/grad_norm"] = math.nan
         if ppo:
             m["critic/vf_loss"] = math.inf
     return m
+
+
+def _mismatch_values(step: int, rng: random.Random) -> dict[str, float]:
+    """What verl logs with calculate_log_probs and rollout correction: healthy, then drifting apart."""
+    drift = min(1.0, max(0.0, (step - MISMATCH_FROM) / 10))
+
+    def between(healthy: float, bad: float) -> float:
+        return (healthy + (bad - healthy) * drift) * (1 + rng.uniform(-0.03, 0.03))
+
+    kl = between(0.002, 0.15)
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_mean": between(0.003, 0.03),
+        "training/rollout_probs_diff_max": min(1.0, between(0.3, 0.95)),
+        "training/rollout_probs_diff_std": between(0.01, 0.08),
+        "training/rollout_actor_probs_pearson_corr": min(1.0, between(0.999, 0.85)),
+        "rollout_corr/kl": kl,
+        "rollout_corr/k3_kl": kl * 0.98,
+        "rollout_corr/ppl_ratio": math.exp(kl),
+        "rollout_corr/chi2_token": between(0.01, 1.5),
+        "rollout_corr/rollout_is_mean": between(1.0, 1.05),
+        "rollout_corr/rollout_is_std": between(0.1, 1.5),
+        "rollout_corr/rollout_is_eff_sample_size": between(0.95, 0.2),
+    }
 
 
 def validation_values(scenario: str, step: int, *, seed: int = 0) -> dict[str, float]:

@@ -65,7 +65,7 @@ def parse_console(line):
 
 def test_scenarios_are_described_and_unknown_ones_are_refused():
     assert set(SCENARIOS) == {"healthy", "healthy-grpo", "lr-too-high", "critic-underfit", "entropy-collapse",
-                              "truncation", "stall", "nan"}
+                              "truncation", "stall", "nan", "grad-spike", "rollout-mismatch"}
     assert all(SCENARIOS.values())
     with pytest.raises(ValueError, match="unknown scenario"):
         generate_steps("exploding")  # refused at the call, not at the first next()
