@@ -108,9 +108,11 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         " max by (job, instance) (verl_gpu_memory_total_bytes)"
         " > ${perf/max_memory_allocated_gb:near_total_ratio}", "5m",
         "Peak GPU memory allocated is close to the GPU's total.",
-        f"Run {RUN}: perf/max_memory_allocated is {PERCENT} of the GPU's memory: close to CUDA out of memory.",
-        "When `perf/max_memory_allocated_gb` approaches the GPU's total memory, the next longer batch can "
-        "fail with CUDA out of memory.",
+        f"Run {RUN}: the {{{{ $labels.role }}}}'s peak allocated memory is {PERCENT} of the GPU's memory: "
+        "close to CUDA out of memory.",
+        "When the actor's or the critic's peak allocated memory (`actor/perf/max_memory_allocated_gb`, "
+        "`critic/perf/...`; before verl 0.8 the actor's `perf/max_memory_allocated_gb`) approaches the GPU's "
+        "total memory, the next longer batch can fail with CUDA out of memory.",
         "Halve `actor_rollout_ref.actor.ppo_mini_batch_size`, enable "
         "`actor_rollout_ref.model.enable_gradient_checkpointing`, or use `use_dynamic_bsz` with a smaller "
         "`ppo_max_token_len_per_gpu` (e.g. 16384 -> 8192).",

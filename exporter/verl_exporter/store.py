@@ -38,6 +38,7 @@ class RunState:
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
+    logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
     # The run's length and settings: total from verl's "Total training steps" line (else from the
     # config), the step at which it finished, its catalog settings and info labels.
     total_steps: int | None = None
@@ -57,6 +58,7 @@ class RunState:
             values=dict(self.values),
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
+            logged_at=dict(self.logged_at),
             total_steps=self.total_steps,
             total_from_log=self.total_from_log,
             finished_at=self.finished_at,
@@ -100,6 +102,7 @@ class RunStore:
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
+        self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
@@ -131,10 +134,15 @@ class RunStore:
                 state.reached_total()
             state.last_step_time = record.time
             latest = state.values
-            if len(latest) + len(values) <= self.max_series_per_run:
+            known = len(latest)
+            if known + len(values) <= self.max_series_per_run:
                 latest.update(values)
             else:
                 self._update_capped(state, values)
+            if len(latest) != known:
+                self._find_respellings(state, values)
+            if state.logged_at:
+                self._stamp(state, values)
             if total is None:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
@@ -152,6 +160,23 @@ class RunStore:
         if record.total_steps is not None and record.total_steps >= 1:
             state.total_steps, state.total_from_log = record.total_steps, True
         state.reached_total(exactly=False)
+
+    def _find_respellings(self, state: RunState, values: dict) -> None:
+        """On new keys: the metrics the run now logs under two spellings (a run resumed on a newer
+        release) are timed from here on, so that the spelling logged last is served."""
+        spellings, latest = self.catalog.spellings, state.values
+        for key in values:
+            others = spellings.get(key)
+            if others and key in latest and sum(other in latest for other in others) > 1:
+                for other in others:
+                    if other in latest:
+                        state.logged_at.setdefault(other, 0)
+
+    def _stamp(self, state: RunState, values: dict) -> None:
+        hits = state.logged_at.keys() & values.keys()
+        if hits:
+            self._serial += 1
+            state.logged_at.update(dict.fromkeys(hits, self._serial))
 
     def _update_capped(self, state: RunState, values: dict) -> None:
         latest, cap = state.values, self.max_series_per_run
@@ -208,12 +233,23 @@ class RunStore:
 
     def _fill_series(self, state: RunState) -> None:
         """Name the run's latest values: one series per catalog metric and label set. Where two
-        spellings of one metric were logged, the catalog's own spelling wins."""
-        series = state.series
+        spellings of one metric were logged (a run resumed on a newer verl), the one logged last
+        wins; two logged side by side in one record are two metrics: the alias gets its own name."""
+        series, logged_at = state.series, state.logged_at
+        owners: dict[SeriesKey, str] = {}
         for key, value in state.values.items():
             series_key, resolved, scale = self._entries.get(key) or self._entry(key)
-            if series_key in series and resolved.spec.key != key:
-                continue
+            if key in logged_at:
+                owner = owners.get(series_key)
+                if owner is not None and logged_at[owner] > logged_at[key]:
+                    continue
+                if owner is not None and logged_at[owner] == logged_at[key]:
+                    alias = key if resolved.spec.key != key else owner
+                    own = self.catalog.own(alias)
+                    series[(own.spec.name, ())] = (own, state.values[alias] * own.spec.scale)
+                    if alias == key:
+                        continue
+                owners[series_key] = key
             series[series_key] = (resolved, value * scale)
 
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:

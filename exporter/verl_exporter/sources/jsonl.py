@@ -1,12 +1,14 @@
 """Read verl's FileLogger output: one ``{"step": N, "data": {"actor/pg_loss": -0.005, ...}}`` per line.
 
-Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json) or ``null``
-(orjson); a step can have several lines, e.g. validation metrics logged apart from training ones.
+Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json, verl 0.6 and
+0.7) or ``null`` (orjson, verl 0.8 on, for NaN and both infinities alike); a step can have several
+lines, e.g. validation metrics logged apart from training ones.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import orjson
 
@@ -31,8 +33,9 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
     """``(step, {key: value})`` for one FileLogger line; None for a blank line.
 
     Raises ParseError for malformed JSON, a missing or non-integer ``step`` or a ``data`` that is
-    not an object. Values that are not numbers (strings, lists, null) are skipped; numeric strings
-    are read as numbers; numbers too large for a float become +/-inf.
+    not an object. ``null`` is read as NaN: orjson, verl's serialiser from 0.8, writes NaN and Inf so.
+    Other values that are not numbers (strings, lists, objects) are skipped; numeric strings are read
+    as numbers; numbers too large for a float become +/-inf.
     """
     if not line or line.isspace():
         return None
@@ -70,6 +73,8 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
     for key, value in data.items():
         if type(value) is float:
             values[key] = value
+        elif value is None:
+            values[key] = math.nan
         elif isinstance(value, (int, str)):
             try:
                 values[key] = to_float(value)
