@@ -22,20 +22,30 @@ MIB = 1 << 20
 # Suffixes a gauge must not end in: Prometheus reserves them for counters, histograms, summaries.
 _RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info")
 
-# Names the exporter itself serves; a logged key never takes them.
-RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", "verl_logged_")
-RESERVED_NAMES = frozenset({
-    "verl_training_last_step",
-    "verl_training_last_step_timestamp_seconds",
-    "verl_training_steps_ingested_total",
-    "verl_training_nonfinite_values_total",
-    "verl_training_run_info",
-    "verl_training_series_dropped_total",
-    "verl_training_finished",
-    "verl_training_runs",
-    "verl_training_runs_dropped_total",
-    "verl_gpus",  # the GPU collector's count
-})
+# A logged key whose name the exporter serves itself is renamed into this namespace.
+LOGGED_PREFIX = PREFIX + "logged_"
+# Namespaces that are the exporter's own as a whole (besides every name its collectors serve, see
+# reserved_names): a logged key never takes a name in them.
+RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", LOGGED_PREFIX)
+
+
+def reserved_names() -> frozenset[str]:
+    """Every family and sample name the exporter's collectors serve themselves (from their own
+    descriptions, so the list cannot drift from what is served)."""
+    from .collectors.own import own_names  # collectors import the store, which imports this module
+
+    return own_names()
+
+
+def __getattr__(name: str):
+    if name == "RESERVED_NAMES":
+        return reserved_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is one the exporter serves itself, or lies in one of its namespaces."""
+    return name.startswith(RESERVED_PREFIXES) or name in reserved_names()
 
 # verl key shapes that carry a unit, and how to convert them to base units.
 _UNIT_RULES = (
@@ -59,18 +69,23 @@ def default_name(key: str) -> tuple[str, float]:
     ``actor/pg_clipfrac`` -> ``verl_actor_pg_clipfrac``; ``timing_s/gen`` ->
     ``verl_timing_gen_seconds``; ``timing_per_token_ms/gen`` -> ``verl_timing_per_token_gen_seconds``
     (x 0.001); ``perf/max_memory_allocated_gb`` -> ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
+    The final name, unit suffix included, never is one the exporter serves itself
+    (``host/memory_used_gb`` -> ``verl_logged_host_memory_used_bytes``).
     """
+    name, scale = _rule_name(key)
+    if name.endswith(_RESERVED_SUFFIXES):
+        name += "_value"
+    if is_reserved(name):
+        name = LOGGED_PREFIX + name[len(PREFIX):]
+    return name, scale
+
+
+def _rule_name(key: str) -> tuple[str, float]:
     for pattern, template, suffix, scale in _UNIT_RULES:
         match = pattern.match(key)
         if match:
             return PREFIX + re.sub(r"_+", "_", sanitize(template.format(match.group(1))) + suffix), scale
-    name = PREFIX + (sanitize(key) or "unnamed")
-    # A counter's family is named without "_total": a gauge of that name would clash with it.
-    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES or name + "_total" in RESERVED_NAMES:
-        name = PREFIX + "logged_" + name[len(PREFIX):]
-    if name.endswith(_RESERVED_SUFFIXES):
-        name += "_value"
-    return name, 1.0
+    return PREFIX + (sanitize(key) or "unnamed"), 1.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,9 @@ class Catalog:
                 if key in self._by_key:
                     raise ValueError(f"catalog: key {key!r} listed twice")
                 self._by_key[key] = spec
+        self.listed_keys = frozenset(self._by_key)  # every key and alias the catalog lists
+        # What a key outside the catalog must not be named: the catalog's own metrics and families.
+        self._catalog_names = frozenset(spec.name for spec in metrics) | {spec.name for _, spec in families}
         self._cache: dict[str, Resolved] = {}
 
     @classmethod
@@ -178,8 +196,8 @@ class Catalog:
             if match:
                 return Resolved(family, tuple(match.group(name) for name in family.label_names))
         name, scale = default_name(key)
-        if any(name == family.name for _, family in self.families):  # e.g. "val_core": not the family
-            name = PREFIX + "logged_" + name[len(PREFIX):]
+        if name in self._catalog_names:  # "actor_pg_loss", "val_core": not the catalog's metric
+            name = LOGGED_PREFIX + name[len(PREFIX):]
         return Resolved(MetricSpec(key=key, name=name, help="(not in the catalog)", scale=scale, known=False))
 
 

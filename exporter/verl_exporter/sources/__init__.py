@@ -2,7 +2,12 @@
 
 ``Source`` reads one path or glob (FileLogger JSONL or console log), ``Ingestor`` polls every
 source on a daemon thread. The store only needs ``ingest(record)`` and
-``parse_error(source, reason)``.
+``parse_error(source, reason)``; it is also told, where it takes them, of values left out
+(``values_dropped(source, reason, count)``) and whether each path can be read
+(``source_state(source, reason)``, ``forget_source(source)``).
+
+Sources are named in records and metrics by their display path: bytes that are not UTF-8 as
+``\\xNN``, so a file name can never make the exposition unencodable.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from verl_exporter.records import ParseError, Record, RunKey
+from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.console import (
     is_finished_line,
     parse_console_continuation,
@@ -49,16 +55,18 @@ def format_for(path: str, fmt: str = "auto") -> str:
 
 def run_for(path: str, project: str | None = None, experiment: str | None = None) -> RunKey:
     """The run a file belongs to: the given names, else ``<root>/<project>/<experiment>.jsonl``."""
+    path = display_path(path)
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
     stem = os.path.splitext(os.path.basename(path))[0]
-    return RunKey(project or parent or "default", experiment or stem or "default")
+    return RunKey(clean_text(project or parent or "default"), clean_text(experiment or stem or "default"))
 
 
 @dataclass
 class _FileState:
-    path: str
+    path: str  # as the operating system names it
     run: RunKey
     fmt: str
+    label: str = ""  # the path as served (display_path)
     last_step: int | None = None
     after_step: bool = False  # the previous console line was a step line (or its continuation)
 
@@ -91,6 +99,8 @@ class Source:
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
         self._files: dict[str, _FileState] = {}
+        self._dropped: Counter = Counter()  # values the parsers left out of the current line
+        self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -109,8 +119,10 @@ class Source:
             oversize = self.follower.take_oversize()
             now = self.clock()
         except Exception as exc:  # following must never stop ingestion
-            self._warn(self.pattern, f"cannot follow {self.pattern}: {exc!r}", time.time())
+            self._warn(self.pattern, f"cannot follow {display_path(self.pattern)}: {exc!r}", time.time())
             return 0
+        if self.follower.status != self._reported:
+            self._report_status(now)
         for path, size in oversize:
             limit = self.follower.max_line_bytes
             self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
@@ -123,11 +135,15 @@ class Source:
             try:
                 record = self._parse(state, line, written_at[path])
             except ParseError as exc:
+                self._dropped.clear()  # the line is counted as a whole
                 self._reject(path, str(exc), now)
                 continue
             except Exception as exc:
+                self._dropped.clear()
                 self._reject(path, f"unreadable line ({type(exc).__name__})", now)
                 continue
+            if self._dropped:
+                self._count_dropped(state, now)
             if record is None:
                 continue
             try:
@@ -139,34 +155,61 @@ class Source:
         return ingested
 
     def _new_state(self, path: str) -> _FileState:
-        state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt))
+        state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt),
+                           display_path(path))
         self._files[path] = state
         return state
 
+    def _report_status(self, now: float) -> None:
+        """Tell the store which paths can be read, where it takes it (the follower logs why not)."""
+        status = dict(self.follower.status)
+        state, forget = getattr(self.store, "source_state", None), getattr(self.store, "forget_source", None)
+        try:
+            for path, reason in status.items():
+                if state is not None and (path not in self._reported or self._reported[path] != reason):
+                    state(display_path(path), reason)
+            for path in self._reported.keys() - status.keys():
+                if forget is not None:
+                    forget(display_path(path))
+        except Exception as exc:
+            self._warn(self.pattern, f"store failed to take the state of a source: {exc!r}", now)
+        self._reported = status
+
+    def _count_dropped(self, state: _FileState, now: float) -> None:
+        counter = getattr(self.store, "values_dropped", None)
+        try:
+            for reason, count in self._dropped.items():
+                if counter is not None:
+                    counter(state.label, reason, count)
+        except Exception as exc:
+            self._warn(state.path, f"store failed to count dropped values: {exc!r}", now)
+        self._dropped.clear()
+
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "jsonl":
-            parsed = parse_jsonl_line(line)
+            parsed = parse_jsonl_line(line, self._dropped)
             if parsed is None:
                 return None
             state.last_step = parsed[0]
-            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.label)
 
         if state.last_step is None and "_name': '" in line:
             self._name_run_from_config(state, line)
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
-        parsed = parse_console_line(line, lazy=True) if "step:" in line or "\x1b" in line else None
+        parsed = (parse_console_line(line, lazy=True, dropped=self._dropped)
+                  if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
-            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.label)
         if after_step and state.last_step is not None:
-            values = parse_console_continuation(line)
+            values = parse_console_continuation(line, self._dropped)
             if values:
                 state.after_step = True
-                return Record(state.run, state.last_step, values, now, source=state.path)
+                return Record(state.run, state.last_step, values, now, source=state.label)
         if is_finished_line(line):
             step = state.last_step if state.last_step is not None else 0
-            return Record(state.run, step, {}, now, finished=True, source=state.path)
+            return Record(state.run, step, {}, now, finished=True, source=state.label)
         return None
 
     def _name_run_from_config(self, state: _FileState, line: str) -> None:
@@ -179,11 +222,12 @@ class Source:
         )
 
     def _reject(self, path: str, reason: str, now: float) -> None:
+        label = display_path(path)
         try:
-            self.store.parse_error(path, reason)
+            self.store.parse_error(label, reason)
         except Exception as exc:
             self._warn(path, f"store failed to count a parse error: {exc!r}", now)
-        self._warn(path, f"skipped a line of {path}: {reason}", now)
+        self._warn(path, f"skipped a line of {label}: {reason}", now)
 
     def _warn(self, key: str, message: str, now: float) -> None:
         last = self._warned_at.get(key)

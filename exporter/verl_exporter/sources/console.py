@@ -9,8 +9,9 @@ Ray prefixes worker output with ``(TaskRunner pid=222265) `` and may colour it w
 from __future__ import annotations
 
 import re
+from collections import Counter
 
-from verl_exporter.records import ParseError
+from verl_exporter.records import ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
 
@@ -24,11 +25,13 @@ _NUMPY_PREFIXES = (":np.float64(", ":np.float32(", ":np.int64(", ":np.int32(")
 _BOOLS = {"True": 1.0, "False": 0.0, "np.True_": 1.0, "np.False_": 0.0}
 
 
-def parse_console_line(line: str, *, lazy: bool = False) -> tuple[int, dict[str, float]] | None:
+def parse_console_line(line: str, *, lazy: bool = False,
+                       dropped: Counter | None = None) -> tuple[int, dict[str, float]] | None:
     """``(step, {key: value})`` for a verl step line; None for any other line.
 
-    Raises ParseError for a line that starts with ``step:`` but whose step is not an integer or
-    that has no readable ``key:value`` pair. A single unreadable pair is skipped. With ``lazy``,
+    Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
+    beyond 2^53) or that has no readable ``key:value`` pair. A single pair whose value is no number
+    is skipped and counted in ``dropped`` (reason ``not_a_number``). With ``lazy``,
     a line whose values are all plain decimal numbers keeps them as text, for the store to
     convert when they are scraped (float() is most of the cost of a line).
     """
@@ -41,13 +44,14 @@ def parse_console_line(line: str, *, lazy: bool = False) -> tuple[int, dict[str,
         step = int(head)
     except ValueError:
         raise ParseError(f"step is not an integer: {head[:40]!r}") from None
-    values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1) if cut >= 0 else {})
+    check_step(step)
+    values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1, dropped=dropped) if cut >= 0 else {})
     if not values:
         raise ParseError(f"step {step} has no readable key:value pair")
     return step, values
 
 
-def parse_console_continuation(line: str) -> dict[str, float] | None:
+def parse_console_continuation(line: str, dropped: Counter | None = None) -> dict[str, float] | None:
     """Values of a wrapped step line's continuation (``       - key:value - key:value``), else None.
 
     Only meaningful right after a step line: some tools and docs wrap verl's long step lines.
@@ -55,7 +59,7 @@ def parse_console_continuation(line: str) -> dict[str, float] | None:
     text = _content(line).strip()
     if not text.startswith("- "):
         return None
-    return _pairs(text[2:]) or None
+    return _pairs(text[2:], dropped=dropped) or None
 
 
 def is_finished_line(line: str) -> bool:
@@ -82,10 +86,10 @@ def _content(line: str) -> str:
     return line
 
 
-def _pairs(text: str, skip: int = 0) -> dict[str, float]:
+def _pairs(text: str, skip: int = 0, dropped: Counter | None = None) -> dict[str, float]:
     """``{key: value}`` of ``key:value - key:value ...`` after the first ``skip`` pairs.
 
-    Unreadable pairs are left out.
+    Unreadable pairs are left out; those with a key but no number are counted in ``dropped``.
     """
     if ":np." in text and text.count(":") == text.count(_SEPARATOR) + 1:  # no ":" inside keys
         text = _unwrap_numpy(text)
@@ -97,6 +101,8 @@ def _pairs(text: str, skip: int = 0) -> dict[str, float]:
         except ValueError:
             value = _special_value(raw.strip())
             if value is None:
+                if dropped is not None and key.strip():
+                    dropped["not_a_number"] += 1
                 continue
         key = key.strip()
         if key:
