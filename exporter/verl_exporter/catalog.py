@@ -37,12 +37,6 @@ def reserved_names() -> frozenset[str]:
     return own_names()
 
 
-def __getattr__(name: str):
-    if name == "RESERVED_NAMES":
-        return reserved_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def is_reserved(name: str) -> bool:
     """Whether ``name`` is one the exporter serves itself, or lies in one of its namespaces."""
     return name.startswith(RESERVED_PREFIXES) or name in reserved_names()

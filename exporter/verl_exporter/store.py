@@ -37,7 +37,7 @@ class RunState:
     values: dict[str, float | str] = field(default_factory=dict)
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
-    dropped_unremembered: int = 0  # values dropped by the cap after 100,000 distinct keys were
+    dropped_unremembered: int = 0  # values the cap refused once 100,000 distinct keys were remembered
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
 
     def copy(self) -> "RunState":
