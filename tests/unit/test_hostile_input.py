@@ -29,10 +29,16 @@ def both_formats(**collectors) -> str:
     return generate_latest(registry).decode()
 
 
-def follow(pattern, store) -> None:
-    source = Source(str(pattern) if isinstance(pattern, os.PathLike) else pattern, store)
-    source.poll()
-    source.close()
+def served(*patterns) -> str:
+    """What the training collector serves after one store followed ``patterns``; it did not fail."""
+    store = RunStore(default_catalog())
+    for pattern in patterns:
+        source = Source(str(pattern), store)
+        source.poll()
+        source.close()
+    text = both_formats(training=TrainingCollector(store))
+    assert sample_value(text, "verl_exporter_collector_success", collector="training") == 1
+    return text
 
 
 def test_a_key_with_a_lone_surrogate_is_served_with_u_fffd(tmp_path):
@@ -40,11 +46,8 @@ def test_a_key_with_a_lone_surrogate_is_served_with_u_fffd(tmp_path):
     path.parent.mkdir()
     path.write_text('{"step":1,"data":{"x\\ud800":1,"actor/pg_loss":0.5}}\n'
                     '{"step":2,"data":{"val-core/\\udfff/acc/mean@1":0.25}}\n')
-    store = RunStore(default_catalog())
-    follow(path, store)
-    text = both_formats(training=TrainingCollector(store))
+    text = served(path)
     run = {"project": "gsm8k", "experiment": "ppo"}
-    assert sample_value(text, "verl_exporter_collector_success", collector="training") == 1
     assert sample_value(text, "verl_actor_pg_loss", **run) == 0.5
     assert sample_value(text, "verl_x", **run) == 1
     assert sample_value(text, "verl_val_core", data_source="\ufffd", **run) == 0.25
@@ -55,9 +58,7 @@ def test_a_file_name_that_is_not_utf8_is_served_escaped(tmp_path):
     (tmp_path / "gsm8k").mkdir()
     with open(os.path.join(root, b"gsm8k", b"ppo\xff\n.jsonl"), "wb") as out:
         out.write(b'{"step":1,"data":{"actor/pg_loss":0.5}}\n{"step":"x","data":{}}\n')
-    store = RunStore(default_catalog())
-    follow(str(tmp_path / "gsm8k" / "*.jsonl"), store)
-    text = both_formats(training=TrainingCollector(store))
+    text = served(tmp_path / "gsm8k" / "*.jsonl")
     shown = str(tmp_path / "gsm8k" / "ppo\\xff\\n.jsonl")
     assert sample_value(text, "verl_actor_pg_loss", project="gsm8k", experiment="ppo\\xff\\n") == 0.5
     assert sample_value(text, "verl_training_run_info", source=shown) == 1
@@ -74,11 +75,8 @@ def test_a_step_beyond_2_to_the_53_is_a_parse_error(tmp_path, digits, suffix):
     lines = ([{"step": 1, "data": {"a": 1}}, f'{{"step":{huge},"data":{{"a":2}}}}', {"step": 2, "data": {"a": 3}}]
              if suffix == "jsonl" else ["step:1 - a:1", f"step:{huge} - a:2", "step:2 - a:3"])
     path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
-    store = RunStore(default_catalog())
-    follow(path, store)
-    text = both_formats(training=TrainingCollector(store))
+    text = served(path)
     run = {"project": "gsm8k", "experiment": "ppo"}
-    assert sample_value(text, "verl_exporter_collector_success", collector="training") == 1
     assert sample_value(text, "verl_training_last_step", **run) == 2
     assert sample_value(text, "verl_a", **run) == 3
     assert sample_value(text, "verl_exporter_parse_errors_total", source=str(path)) == 1
@@ -155,10 +153,7 @@ def test_values_that_are_no_number_are_counted_by_reason(tmp_path):
     console.write_text("step:1 - a:0x10 - b:np.float64(x) - c:0.5 - d:\n"
                        "step:2 - a:1.2.3 - b:1\n"  # numbers' characters only: converted when scraped
                        "step:3 - a:zz\n")  # nothing readable: one parse error, not a dropped value
-    store = RunStore(default_catalog())
-    follow(jsonl, store)
-    follow(console, store)
-    text = both_formats(training=TrainingCollector(store))
+    text = served(jsonl, console)
     dropped = {labels: value for (name, labels), value in samples(text).items()
                if name == "verl_exporter_values_dropped_total"}
     assert dropped == {

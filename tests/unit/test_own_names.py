@@ -12,7 +12,7 @@ from verl_exporter import catalog as catalog_module
 from verl_exporter.catalog import LOGGED_PREFIX, PREFIX, default_catalog, default_name, reserved_names
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.collectors.host import HostCollector
-from verl_exporter.collectors.own import SAMPLE_SUFFIXES, own_families
+from verl_exporter.collectors.own import own_families
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.fake_nvml import FakeNvmlBackend
 from verl_exporter.records import Record, RunKey
