@@ -214,7 +214,7 @@ def test_any_bytes_in_keys_values_steps_and_file_names_give_an_accepted_expositi
     drawn: list[bytes] = []
 
     @settings(max_examples=CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.binary(max_size=1200))
+    @given(st.binary(min_size=64, max_size=1200))
     def draw(data):
         drawn.append(data)
 
