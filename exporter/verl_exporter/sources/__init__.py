@@ -162,28 +162,30 @@ class Source:
 
     def _report_status(self, now: float) -> None:
         """Tell the store which paths can be read, where it takes it (the follower logs why not)."""
-        status = dict(self.follower.status)
+        status, before = dict(self.follower.status), self._reported
+        self._reported = status
         state, forget = getattr(self.store, "source_state", None), getattr(self.store, "forget_source", None)
+        if state is None or forget is None:
+            return
         try:
             for path, reason in status.items():
-                if state is not None and (path not in self._reported or self._reported[path] != reason):
+                if path not in before or before[path] != reason:
                     state(display_path(path), reason)
-            for path in self._reported.keys() - status.keys():
-                if forget is not None:
-                    forget(display_path(path))
+            for path in before.keys() - status.keys():
+                forget(display_path(path))
         except Exception as exc:
             self._warn(self.pattern, f"store failed to take the state of a source: {exc!r}", now)
-        self._reported = status
 
     def _count_dropped(self, state: _FileState, now: float) -> None:
+        dropped, self._dropped = self._dropped, Counter()
         counter = getattr(self.store, "values_dropped", None)
+        if counter is None:
+            return
         try:
-            for reason, count in self._dropped.items():
-                if counter is not None:
-                    counter(state.label, reason, count)
+            for reason, count in dropped.items():
+                counter(state.label, reason, count)
         except Exception as exc:
             self._warn(state.path, f"store failed to count dropped values: {exc!r}", now)
-        self._dropped.clear()
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "jsonl":
