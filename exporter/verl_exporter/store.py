@@ -2,8 +2,9 @@
 
 Sources write into it (``ingest``, ``parse_error``, ``values_dropped``, ``source_state``); the
 training collector reads a snapshot at scrape time. Thread-safe and bounded: at most ``max_runs``
-runs and ``max_series_per_run`` verl keys outside the catalog per run (keys the catalog lists are
-always kept); what the caps drop is counted. Nothing is removed while the exporter runs.
+runs and, per run, ``max_series_per_run`` keys outside the catalog and as many keys of its
+families (``val-core/...``); keys the catalog lists are always kept, however many came first.
+What the caps drop is counted. Nothing is removed while the exporter runs.
 
 Ingestion is the hot path (every key of every logged line), so ``ingest`` only records each run's
 latest raw values. A source may hand over values still as the text it read (``"0.125"``), already
@@ -38,6 +39,7 @@ class RunState:
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
     dropped_unremembered: int = 0  # values the cap refused once 100,000 distinct keys were remembered
+    room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
 
     def copy(self) -> "RunState":
@@ -115,6 +117,7 @@ class RunStore:
             latest = state.values
             if len(latest) + len(values) <= self.max_series_per_run:
                 latest.update(values)
+                state.room = None  # counted again when the cap is next reached
             else:
                 self._update_capped(state, values)
             if total is None:
@@ -125,20 +128,30 @@ class RunStore:
                         state.nonfinite[key] += 1
 
     def _update_capped(self, state: RunState, values: dict) -> None:
-        """The cap counts keys outside the catalog only: a catalog key is always kept, however many
-        other keys came first."""
-        latest, listed = state.values, self._listed
-        room = self.max_series_per_run - len(latest.keys() - listed)
+        """Keys the catalog lists are always kept; keys outside it and keys of its families each
+        have ``max_series_per_run`` places, so junk keys never push out a catalog metric."""
+        latest, listed, in_family = state.values, self._listed, self._in_family
+        if state.room is None:
+            unlisted = latest.keys() - listed
+            families = sum(map(in_family, unlisted))
+            state.room = [self.max_series_per_run - (len(unlisted) - families), self.max_series_per_run - families]
+        room = state.room
         for key, value in values.items():
             if key in latest or key in listed:
                 latest[key] = value
-            elif room > 0:
+                continue
+            kind = in_family(key)
+            if room[kind] > 0:
                 latest[key] = value
-                room -= 1
+                room[kind] -= 1
             elif len(state.dropped_keys) < 100_000:
                 state.dropped_keys.add(key)
             elif key not in state.dropped_keys:
                 state.dropped_unremembered += 1
+
+    def _in_family(self, key: str) -> int:
+        """1 for a key of a catalog family (``val-core/...``), 0 for a key outside the catalog."""
+        return 1 if self.catalog.resolve(key).spec.known else 0
 
     def parse_error(self, source: str, reason: str = "") -> None:
         """Count one line of ``source`` that could not be read."""

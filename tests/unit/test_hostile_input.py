@@ -119,16 +119,22 @@ def test_catalog_keys_are_served_whatever_number_of_junk_keys_came_first():
     store = RunStore(default_catalog(), max_series_per_run=2000)
     store.ingest(Record(RUN, 1, {f"junk/{i}": 1.0 for i in range(2000)}))
     store.ingest(Record(RUN, 2, {"actor/pg_loss": 0.5, "actor/entropy_loss": 0.25, "junk/0": 2.0, "junk/x": 1.0}))
-    store.ingest(Record(RUN, 3, {"critic/vf_loss": 0.125, "val-core/a/b/c": 1.0, "junk/y": 1.0}))
+    store.ingest(Record(RUN, 3, {"critic/vf_loss": 0.125, "val-core/gsm8k/acc/mean@1": 0.75, "junk/y": 1.0}))
+    store.ingest(Record(RUN, 4, {f"val-core/d{i}/acc/mean@1": 1.0 for i in range(2000)}))  # the families' own places
+    store.ingest(Record(RUN, 5, {"val-core/z/acc/mean@1": 1.0, "actor/ppo_kl": 0.001}))
     text = both_formats(training=TrainingCollector(store))
     run = {"project": "gsm8k", "experiment": "ppo"}
     assert sample_value(text, "verl_actor_pg_loss", **run) == 0.5
     assert sample_value(text, "verl_actor_entropy", **run) == 0.25  # an alias is a catalog key too
     assert sample_value(text, "verl_critic_vf_loss", **run) == 0.125
+    assert sample_value(text, "verl_actor_ppo_kl", **run) == 0.001
+    assert sample_value(text, "verl_val_core", data_source="gsm8k", **run) == 0.75
     assert sample_value(text, "verl_junk_0", **run) == 2.0
-    # Outside the catalog (a family's key included), the cap holds and what it drops is counted.
-    assert sample_value(text, "verl_junk_x", **run) is None and sample_value(text, "verl_val_core", **run) is None
-    assert sample_value(text, "verl_training_series_dropped_total", **run) == 3
+    # Outside the catalog, and in its families, the cap holds and what it drops is counted.
+    assert sample_value(text, "verl_junk_x", **run) is None and sample_value(text, "verl_junk_y", **run) is None
+    assert sample_value(text, "verl_val_core", data_source="d1999", **run) is None
+    assert sample_value(text, "verl_val_core", data_source="z", **run) is None
+    assert sample_value(text, "verl_training_series_dropped_total", **run) == 4
 
 
 def test_the_cap_counts_drops_beyond_the_keys_it_remembers(monkeypatch):
