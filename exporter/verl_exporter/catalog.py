@@ -63,18 +63,19 @@ def default_name(key: str) -> tuple[str, float]:
     ``actor/pg_clipfrac`` -> ``verl_actor_pg_clipfrac``; ``timing_s/gen`` ->
     ``verl_timing_gen_seconds``; ``timing_per_token_ms/gen`` -> ``verl_timing_per_token_gen_seconds``
     (x 0.001); ``perf/max_memory_allocated_gb`` -> ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
-    The final name, unit suffix included, never is one the exporter serves itself
-    (``host/memory_used_gb`` -> ``verl_logged_host_memory_used_bytes``).
     """
-    name, scale = _rule_name(key)
+    name, scale = _named_by_rule(key)
     if name.endswith(_RESERVED_SUFFIXES):
         name += "_value"
+    # Checked on the final name, unit suffix included: host/memory_used_gb is not the host's
+    # verl_host_memory_used_bytes but verl_logged_host_memory_used_bytes.
     if is_reserved(name):
         name = LOGGED_PREFIX + name[len(PREFIX):]
     return name, scale
 
 
-def _rule_name(key: str) -> tuple[str, float]:
+def _named_by_rule(key: str) -> tuple[str, float]:
+    """The naming rule alone: ``verl_`` + the key, with the unit rules' suffix and scale."""
     for pattern, template, suffix, scale in _UNIT_RULES:
         match = pattern.match(key)
         if match:
@@ -136,9 +137,6 @@ class Catalog:
                 if key in self._by_key:
                     raise ValueError(f"catalog: key {key!r} listed twice")
                 self._by_key[key] = spec
-        self.listed_keys = frozenset(self._by_key)  # every key and alias the catalog lists
-        # What a key outside the catalog must not be named: the catalog's own metrics and families.
-        self._catalog_names = frozenset(spec.name for spec in metrics) | {spec.name for _, spec in families}
         self._cache: dict[str, Resolved] = {}
 
     @classmethod
@@ -172,11 +170,33 @@ class Catalog:
                 return spec
         raise KeyError(name)
 
+    def listed_keys(self) -> frozenset[str]:
+        """Every key and alias the catalog lists."""
+        return frozenset(self._by_key)
+
+    def served_names(self) -> frozenset[str]:
+        """The names of the catalog's metrics and families."""
+        try:
+            return self._served_names
+        except AttributeError:
+            self._served_names = frozenset(spec.name for spec in self.metrics) | {
+                spec.name for _, spec in self.families}
+            return self._served_names
+
+    def _outside(self, resolved: Resolved) -> Resolved:
+        """A key outside the catalog never takes a name the catalog serves (``actor_pg_loss`` is not
+        ``actor/pg_loss``, ``val_core`` not the family): it is renamed into ``verl_logged_``."""
+        spec = resolved.spec
+        if spec.known or spec.name not in self.served_names():
+            return resolved
+        return Resolved(MetricSpec(key=spec.key, name=LOGGED_PREFIX + spec.name[len(PREFIX):], help=spec.help,
+                                   scale=spec.scale, known=False))
+
     def resolve(self, key: str) -> Resolved:
         """The metric and label values a verl key is exported as (cached per key)."""
         resolved = self._cache.get(key)
         if resolved is None:
-            resolved = self._resolve(key)
+            resolved = self._outside(self._resolve(key))
             if len(self._cache) < 100_000:
                 self._cache[key] = resolved
         return resolved
@@ -190,8 +210,8 @@ class Catalog:
             if match:
                 return Resolved(family, tuple(match.group(name) for name in family.label_names))
         name, scale = default_name(key)
-        if name in self._catalog_names:  # "actor_pg_loss", "val_core": not the catalog's metric
-            name = LOGGED_PREFIX + name[len(PREFIX):]
+        if any(name == family.name for _, family in self.families):  # e.g. "val_core": not the family
+            name = PREFIX + "logged_" + name[len(PREFIX):]
         return Resolved(MetricSpec(key=key, name=name, help="(not in the catalog)", scale=scale, known=False))
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
+DropCounter = Callable[[str], None]
 MAX_STEP = 1 << 53  # beyond this a step is no longer exact as a float sample value
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -51,15 +51,10 @@ class RunState:
             steps_ingested=self.steps_ingested,
             finished=self.finished,
             values=dict(self.values),
+            dropped_unremembered=self.dropped_unremembered,
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
-            dropped_unremembered=self.dropped_unremembered,
         )
-
-    @property
-    def series_dropped(self) -> int:
-        """Distinct keys the series cap refused (every refused value once 100,000 are remembered)."""
-        return len(self.dropped_keys) + self.dropped_unremembered
 
 
 @dataclass
@@ -85,7 +80,7 @@ class RunStore:
         self._parse_errors: Counter = Counter()
         self._values_dropped: Counter = Counter()
         self._sources: dict[str, str | None] = {}
-        self._listed = catalog.listed_keys
+        self._listed = catalog.listed_keys()
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}

@@ -20,7 +20,7 @@ from verl_exporter.store import RunStore
 
 CATALOG = default_catalog()
 OWN = reserved_names()
-CATALOG_NAMES = {spec.name for spec in CATALOG.metrics} | {spec.name for _, spec in CATALOG.families}
+CATALOG_NAMES = CATALOG.served_names()
 
 
 def keys_named(name: str) -> set[str]:
@@ -64,7 +64,7 @@ def test_no_key_outside_the_catalog_gets_an_own_or_a_catalog_name():
     taken = []
     for name in sorted(OWN | CATALOG_NAMES):
         for key in sorted(keys_named(name)):
-            if key in CATALOG.listed_keys:
+            if key in CATALOG.listed_keys():
                 continue  # a catalog key (or alias) owns its name
             got = CATALOG.resolve(key).spec.name
             if got in OWN or got in CATALOG_NAMES:
@@ -76,7 +76,7 @@ def test_the_reverse_rules_reach_every_name():
     """The test above is only as good as keys_named: its keys do hit each name by the rules alone."""
     for name in sorted(OWN | CATALOG_NAMES):
         if name.startswith(PREFIX):  # process_* and python_* no logged key can reach at all
-            assert name in {catalog_module._rule_name(key)[0] for key in keys_named(name)}, name
+            assert name in {catalog_module._named_by_rule(key)[0] for key in keys_named(name)}, name
     assert len({key for name in OWN for key in keys_named(name)}) > 5 * len(OWN)
 
 

@@ -59,7 +59,7 @@ class TrainingCollector:
                 families["last_step_time"].add_metric(run, state.last_step_time)
             families["steps"].add_metric(run, state.steps_ingested)
             families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
-            families["dropped"].add_metric(run, state.series_dropped)
+            families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
             families["info"].add_metric(run + [state.source], 1.0)
             for key, count in sorted(state.nonfinite.items()):
                 families["nonfinite"].add_metric(run + [key], count)

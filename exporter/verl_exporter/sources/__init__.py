@@ -2,12 +2,7 @@
 
 ``Source`` reads one path or glob (FileLogger JSONL or console log), ``Ingestor`` polls every
 source on a daemon thread. The store only needs ``ingest(record)`` and
-``parse_error(source, reason)``; it is also told, where it takes them, of values left out
-(``values_dropped(source, reason, count)``) and whether each path can be read
-(``source_state(source, reason)``, ``forget_source(source)``).
-
-Sources are named in records and metrics by their display path: bytes that are not UTF-8 as
-``\\xNN``, so a file name can never make the exposition unencodable.
+``parse_error(source, reason)``.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import os
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +35,11 @@ WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest
 
 
 class Store(Protocol):
+    """Where records go. A store may also take ``values_dropped(source, reason, count)`` (values
+    that are no number), ``source_state(source, reason)`` (why a path cannot be read, None when it
+    can) and ``forget_source(source)``; sources are named by their display path (``\\xNN`` for
+    bytes that are not UTF-8), so a file name can never make the exposition unencodable."""
+
     def ingest(self, record: Record) -> None: ...
 
     def parse_error(self, source: str, reason: str) -> None: ...
@@ -63,10 +62,10 @@ def run_for(path: str, project: str | None = None, experiment: str | None = None
 
 @dataclass
 class _FileState:
-    path: str  # as the operating system names it
+    path: str  # as served (display_path); the follower reads the file by the name the system gives
     run: RunKey
     fmt: str
-    label: str = ""  # the path as served (display_path)
+    dropped: Callable[[str], None] | None = None  # counts a value the parsers left out, by reason
     last_step: int | None = None
     after_step: bool = False  # the previous console line was a step line (or its continuation)
 
@@ -99,7 +98,6 @@ class Source:
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
         self._files: dict[str, _FileState] = {}
-        self._dropped: Counter = Counter()  # values the parsers left out of the current line
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
@@ -135,15 +133,11 @@ class Source:
             try:
                 record = self._parse(state, line, written_at[path])
             except ParseError as exc:
-                self._dropped.clear()  # the line is counted as a whole
                 self._reject(path, str(exc), now)
                 continue
             except Exception as exc:
-                self._dropped.clear()
                 self._reject(path, f"unreadable line ({type(exc).__name__})", now)
                 continue
-            if self._dropped:
-                self._count_dropped(state, now)
             if record is None:
                 continue
             try:
@@ -155,8 +149,9 @@ class Source:
         return ingested
 
     def _new_state(self, path: str) -> _FileState:
-        state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt),
-                           display_path(path))
+        state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
+                           format_for(path, self.fmt))
+        state.dropped = lambda reason: self._count_dropped(state.path, reason)
         self._files[path] = state
         return state
 
@@ -176,42 +171,41 @@ class Source:
         except Exception as exc:
             self._warn(self.pattern, f"store failed to take the state of a source: {exc!r}", now)
 
-    def _count_dropped(self, state: _FileState, now: float) -> None:
-        dropped, self._dropped = self._dropped, Counter()
+    def _count_dropped(self, source: str, reason: str) -> None:
+        """A value of ``source`` the parser left out (no number), counted where the store takes it."""
         counter = getattr(self.store, "values_dropped", None)
         if counter is None:
             return
         try:
-            for reason, count in dropped.items():
-                counter(state.label, reason, count)
+            counter(source, reason)
         except Exception as exc:
-            self._warn(state.path, f"store failed to count dropped values: {exc!r}", now)
+            self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "jsonl":
-            parsed = parse_jsonl_line(line, self._dropped)
+            parsed = parse_jsonl_line(line, state.dropped)
             if parsed is None:
                 return None
             state.last_step = parsed[0]
-            return Record(state.run, parsed[0], parsed[1], now, source=state.label)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
         if state.last_step is None and "_name': '" in line:
             self._name_run_from_config(state, line)
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
-        parsed = (parse_console_line(line, lazy=True, dropped=self._dropped)
+        parsed = (parse_console_line(line, lazy=True, dropped=state.dropped)
                   if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
-            return Record(state.run, parsed[0], parsed[1], now, source=state.label)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
         if after_step and state.last_step is not None:
-            values = parse_console_continuation(line, self._dropped)
+            values = parse_console_continuation(line, state.dropped)
             if values:
                 state.after_step = True
-                return Record(state.run, state.last_step, values, now, source=state.label)
+                return Record(state.run, state.last_step, values, now, source=state.path)
         if is_finished_line(line):
             step = state.last_step if state.last_step is not None else 0
-            return Record(state.run, step, {}, now, finished=True, source=state.label)
+            return Record(state.run, step, {}, now, finished=True, source=state.path)
         return None
 
     def _name_run_from_config(self, state: _FileState, line: str) -> None:
@@ -224,12 +218,12 @@ class Source:
         )
 
     def _reject(self, path: str, reason: str, now: float) -> None:
-        label = display_path(path)
+        path = display_path(path)
         try:
-            self.store.parse_error(label, reason)
+            self.store.parse_error(path, reason)
         except Exception as exc:
             self._warn(path, f"store failed to count a parse error: {exc!r}", now)
-        self._warn(path, f"skipped a line of {label}: {reason}", now)
+        self._warn(path, f"skipped a line of {path}: {reason}", now)
 
     def _warn(self, key: str, message: str, now: float) -> None:
         last = self._warned_at.get(key)

@@ -7,16 +7,16 @@ Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's js
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import orjson
 
-from verl_exporter.records import ParseError, check_step, clean_text, to_float
+from verl_exporter.records import DropCounter, ParseError, check_step, clean_text, to_float
 
 _decode = json.JSONDecoder().decode
 _FLOAT = {float}
 _FLOAT_OR_INT = {float, int}
-# Why a value is left out, by its JSON type (verl_exporter_values_dropped_total's reason label).
+# Why a value is left out, by its JSON type: the ``dropped`` reasons of parse_jsonl_line (served as
+# verl_exporter_values_dropped_total's ``reason``).
 DROP_REASONS = {str: "not_a_number", dict: "object", list: "list", type(None): "null"}
 
 
@@ -30,14 +30,12 @@ def _loads(line: str):
         return _decode(line)
 
 
-def parse_jsonl_line(line: str, dropped: Counter | None = None) -> tuple[int, dict[str, float]] | None:
+def parse_jsonl_line(line: str, dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
     """``(step, {key: value})`` for one FileLogger line; None for a blank line.
 
-    Raises ParseError for malformed JSON, a missing, non-integer or out-of-range ``step`` or a
-    ``data`` that is not an object. Values that are not numbers (text such as ``"0x10"``, objects,
-    lists, null) are skipped and counted in ``dropped`` by reason; numeric strings are read as
-    numbers; numbers too large for a float become +/-inf. Keys holding lone surrogates (``"\\ud800"``)
-    have them replaced by U+FFFD.
+    Raises ParseError for malformed JSON, a missing or non-integer ``step`` or a ``data`` that is
+    not an object. Values that are not numbers (strings, lists, null) are skipped; numeric strings
+    are read as numbers; numbers too large for a float become +/-inf.
     """
     if not line or line.isspace():
         return None
@@ -57,14 +55,14 @@ def parse_jsonl_line(line: str, dropped: Counter | None = None) -> tuple[int, di
         if "step" not in obj:
             raise ParseError("missing step")
         raise ParseError(f"step is not an integer: {_brief(step)}")
-    check_step(step)
+    check_step(step)  # beyond 2^53: no float holds it (a ParseError)
     data = obj.get("data")
     if not isinstance(data, dict):
         if "data" not in obj:
             raise ParseError("missing data")
         raise ParseError(f"data is not an object: {type(data).__name__}")
 
-    if "\\u" in line:  # only escapes can make a lone surrogate (orjson refuses them, json does not)
+    if "\\u" in line:  # only an escape makes a lone surrogate (orjson refuses them, json not): U+FFFD
         data = {clean_text(key): value for key, value in data.items()}
     kinds = set(map(type, data.values()))
     if kinds <= _FLOAT:
@@ -78,15 +76,13 @@ def parse_jsonl_line(line: str, dropped: Counter | None = None) -> tuple[int, di
     for key, value in data.items():
         if type(value) is float:
             values[key] = value
-            continue
-        if isinstance(value, (int, str)):
+        elif isinstance(value, (int, str)):
             try:
                 values[key] = to_float(value)
-                continue
             except ParseError:
                 pass
-        if dropped is not None:
-            dropped[DROP_REASONS.get(type(value), "not_a_number")] += 1
+        if key not in values and dropped is not None:  # no number: counted by the caller, by reason
+            dropped(DROP_REASONS.get(type(value), "not_a_number"))
     return step, values
 
 
