@@ -90,7 +90,7 @@ def test_keys_aimed_at_the_exporters_own_names_are_renamed():
     text, _ = exposition(store)
     assert_valid(text)
     served = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    own = {family.name for family in TrainingCollector.own_families()}
+    own = {family.name for family in TrainingCollector(store).describe()}
     assert served & reserved_names() <= own | {name + "_total" for name in own}
     assert value(text, "verl_training_last_step", project="p", experiment="e") == 1  # the step, not the key
 

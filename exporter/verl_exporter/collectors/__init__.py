@@ -48,11 +48,6 @@ class CollectorRunner:
             yield from collector.describe()
         yield from self._status_families()
 
-    @classmethod
-    def own_families(cls) -> list[Metric]:
-        """The runner's own families (success and duration)."""
-        return cls._status_families()
-
     def collect(self) -> Iterable[Metric]:
         success = {}
         duration = {}

@@ -101,12 +101,7 @@ class GpuCollector:
         self._stuck: _Attempt | None = None
 
     def describe(self) -> Iterable[Metric]:
-        return self._families(self.job is not None).values()
-
-    @classmethod
-    def own_families(cls) -> list[Metric]:
-        """Every family this collector can serve, whatever its backend and job selector."""
-        return list(cls._families(with_job=True).values())
+        return self._families().values()
 
     def collect(self) -> Iterable[Metric]:
         self.last_error = None
@@ -152,7 +147,7 @@ class GpuCollector:
         )
 
     def _build(self, snap: GpuSnapshot) -> dict[str, Metric]:
-        fams = self._families(self.job is not None)
+        fams = self._families()
         fams["verl_gpus"].add_metric([], snap.count)
         uuids = {r.index: r.uuid or "" for r in snap.readings}
         for r in snap.readings:
@@ -194,8 +189,7 @@ class GpuCollector:
         fams["verl_job_gpu_memory_bytes"].add_metric([], used_bytes)
         fams["verl_job_gpus"].add_metric([], gpus)
 
-    @staticmethod
-    def _families(with_job: bool) -> dict[str, Metric]:
+    def _families(self) -> dict[str, Metric]:
         """Fresh, empty families for every series this collector can emit."""
         fams: dict[str, Metric] = {
             # not verl_gpu_count: promtool's linter rejects a _count suffix outside histograms/summaries
@@ -241,7 +235,7 @@ class GpuCollector:
         fams["verl_gpu_process_memory_bytes"] = GaugeMetricFamily(
             "verl_gpu_process_memory_bytes", "GPU memory used by a compute process.", labels=GPU + ["pid"]
         )
-        if with_job:
+        if self.job is not None:
             fams["verl_job_gpu_memory_bytes"] = GaugeMetricFamily(
                 "verl_job_gpu_memory_bytes", "GPU memory used by the training job's processes, all GPUs."
             )

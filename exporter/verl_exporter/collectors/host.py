@@ -59,11 +59,6 @@ class HostCollector:
         if self.job is not None:
             yield from self._job_families().values()
 
-    @classmethod
-    def own_families(cls) -> list[Metric]:
-        """Every family this collector can serve, with or without a job selector."""
-        return [*cls._host_families().values(), *cls._job_families().values()]
-
     def collect(self) -> Iterable[Metric]:
         ps = self._psutil
         host = self._host_families()

@@ -1,8 +1,8 @@
 """The names the exporter serves itself, read from its collectors: no logged key may take one.
 
-Every family any collector can emit (GPU, host, job, training, exporter, the runner's, and
-client_python's ``process_*`` and ``python_*``), whatever the configuration, with every sample
-name a family of that name can show (``_total``, ``_created``, ``_info``, ...).
+Every family the collectors describe with every optional part switched on (a job selector, so the
+job's families too), the runner's, and client_python's ``process_*`` and ``python_*``, each with
+every sample name a family of that name can show (``_total``, ``_created``, ``_info``, ...).
 """
 
 from __future__ import annotations
@@ -17,18 +17,28 @@ from prometheus_client.core import Metric
 SAMPLE_SUFFIXES = ("", "_total", "_created", "_info", "_count", "_sum", "_bucket", "_gcount", "_gsum")
 
 
+class _DescribeOnly:
+    """What describe() may read of a store: an empty catalog (the real one may be loading)."""
+
+    def __init__(self):
+        from ..catalog import Catalog
+
+        self.catalog = Catalog([], [])
+
+
 def own_families() -> list[Metric]:
-    """Empty (described) families of every collector, with every optional part switched on."""
+    """The families every collector describes, with every optional part switched on."""
+    from ..job import JobSelector
     from . import CollectorRunner
     from .exporter import ExporterCollector
     from .gpu import GpuCollector
     from .host import HostCollector
     from .training import TrainingCollector
 
-    families = [
-        *GpuCollector.own_families(), *HostCollector.own_families(), *TrainingCollector.own_families(),
-        *ExporterCollector().describe(), *CollectorRunner.own_families(),
-    ]
+    job = JobSelector(pid=0)  # configured: the job's families are described too; never read here
+    collectors = {"gpu": GpuCollector(None, job=job), "host": HostCollector(job=job),
+                  "training": TrainingCollector(_DescribeOnly()), "exporter": ExporterCollector()}
+    families = list(CollectorRunner(collectors).describe())
     client_python = CollectorRegistry()  # the collectors cli.py registers beside the runner
     for collector in (ProcessCollector, PlatformCollector, GCCollector):
         collector(registry=client_python)

@@ -42,11 +42,6 @@ class TrainingCollector:
     def describe(self) -> Iterable[Metric]:
         return self._run_families().values()
 
-    @classmethod
-    def own_families(cls) -> list[Metric]:
-        """Every family this collector serves besides the logged keys' own."""
-        return list(cls._run_families().values())
-
     def collect(self) -> Iterable[Metric]:
         snapshot = self.store.snapshot()
         families = self._run_families()
