@@ -48,9 +48,11 @@ def wait_until(condition: Callable[[], object], timeout: float = 20.0, interval:
     fail(f"timed out after {timeout:g}s waiting for {message}" + (f" (last error: {last_error})" if last_error else ""))
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5.0, context=None, headers: dict | None = None) -> tuple[int, str]:
+    """GET ``url``; ``context`` is an ssl.SSLContext for https, ``headers`` extra request headers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
@@ -65,10 +67,11 @@ def require_binary(name: str) -> str:
 
 class Server:
     def __init__(self, name: str, args: list[str], port: int, log_path: Path, ready_path: str,
-                 env: dict | None = None, cwd: Path | None = None):
+                 env: dict | None = None, cwd: Path | None = None, context=None, headers: dict | None = None):
         self.name = name
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.context, self.headers = context, headers  # for https and basic auth
+        self.url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
@@ -83,13 +86,13 @@ class Server:
     def _ready(self, path: str) -> bool:
         if self.process.poll() is not None:
             pytest.fail(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
-        return http_get(self.url + path, timeout=2)[0] == 200
+        return http_get(self.url + path, timeout=2, context=self.context, headers=self.headers)[0] == 200
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.url + path)
+        return http_get(self.url + path, context=self.context, headers=self.headers)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -108,11 +111,14 @@ class Server:
         self.stop()
 
 
-def start_exporter(tmp_path: Path, *args: str, ready_path: str = "/-/ready") -> Server:
-    """``python -m verl_exporter`` on a free port with the given extra flags."""
+def start_exporter(tmp_path: Path, *args: str, ready_path: str = "/-/ready", context=None,
+                   headers: dict | None = None) -> Server:
+    """``python -m verl_exporter`` on a free port with the given extra flags (``context`` and
+    ``headers``: how to reach one with a web config, TLS and basic auth)."""
     port = free_port()
     cmd = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}", *args]
-    return Server("verl-exporter", cmd, port, tmp_path / f"exporter-{port}.log", ready_path)
+    return Server("verl-exporter", cmd, port, tmp_path / f"exporter-{port}.log", ready_path,
+                  context=context, headers=headers)
 
 
 def start_prometheus(tmp_path: Path, config: dict | str, *, rule_files: list[Path] = (),

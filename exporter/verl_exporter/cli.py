@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from . import config
+from . import config, web_config
 from .catalog import default_catalog
 from .collectors import CollectorRunner
 from .collectors.exporter import ExporterCollector
@@ -27,44 +27,99 @@ def main(argv: list[str] | None = None) -> int:
         from . import simulate
 
         return simulate.main(argv[1:]) or 0
+    signals = _Signals()
+    app = None
     try:
-        settings = config.load(argv)
-        address = parse_listen_address(settings.web_listen_address)
-    except (config.ConfigError, ValueError) as exc:
-        print(f"verl-exporter: error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level={"warn": "WARNING"}.get(settings.log_level.lower(), settings.log_level.upper()),
-        format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
-    )
-    try:
-        app = Exporter(settings)
-    except config.ConfigError as exc:
-        print(f"verl-exporter: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        app.start(address)
-    except OSError as exc:
-        print(f"verl-exporter: error: cannot listen on {settings.web_listen_address}: {exc.strerror or exc}",
-              file=sys.stderr)
-        app.stop()
-        return 2
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+        try:
+            settings = config.load(argv)
+            address = parse_listen_address(settings.web_listen_address)
+            web = web_config.load(settings.web_config_file)
+        except (config.ConfigError, ValueError, web_config.WebConfigError) as exc:
+            print(f"verl-exporter: error: {exc}", file=sys.stderr)
+            return 2
+        logging.basicConfig(level=config.log_level(settings), format=LOG_FORMAT)
+        try:
+            app = Exporter(settings, argv=argv, web=web)
+        except config.ConfigError as exc:
+            print(f"verl-exporter: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            app.start(address)
+        except OSError as exc:
+            print(f"verl-exporter: error: cannot listen on {settings.web_listen_address}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            app.stop()
+            return 2
+        signals.started = True
+        while signals.wait() == "reload":
+            app.reload()
+    except _Shutdown:
+        pass
     log.info("shutting down")
-    app.stop()
+    if app is not None:
+        app.stop()
     return 0
+
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s"
+SIGNAL_CHECK_SECONDS = 0.25
+
+
+class _Shutdown(BaseException):
+    """SIGTERM or SIGINT while the exporter is still starting (reading a backlog, say)."""
+
+
+class _Signals:
+    """SIGTERM and SIGINT stop the exporter, SIGHUP reloads its config files (as Prometheus does).
+
+    Installed before anything else starts, so no signal finds Python's default action. Until the
+    exporter is serving, a stop interrupts whatever it is doing; after that the main loop acts.
+    """
+
+    def __init__(self):
+        self.started = False
+        self._stop = self._reload = False
+        self._wake = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+
+    def _on_stop(self, signum, frame) -> None:
+        self._stop = True
+        self._wake.set()
+        if not self.started:
+            self.started = True  # once: a second signal must not interrupt the stop itself
+            raise _Shutdown
+
+    def _on_reload(self, signum, frame) -> None:
+        self._reload = True
+        self._wake.set()
+
+    def wait(self) -> str:
+        """Block until a signal: "stop" or "reload"."""
+        while True:
+            # With a timeout: a signal the kernel hands to another thread does not interrupt a
+            # blocked wait, and Python runs its handler only when the main thread runs again.
+            if not self._wake.wait(SIGNAL_CHECK_SECONDS):
+                continue
+            self._wake.clear()
+            if self._stop:
+                return "stop"
+            if self._reload:
+                self._reload = False
+                return "reload"
 
 
 class Exporter:
     """The running exporter: everything ``main`` starts, so tests can start it in-process too."""
 
-    def __init__(self, settings: config.Settings):
-        from .sources import Ingestor, Source
+    def __init__(self, settings: config.Settings, argv: list[str] | None = None,
+                 web: web_config.WebConfig | None = None):
+        from .sources import Ingestor
 
         self.settings = settings
+        self.argv = argv  # what reload() parses again
+        self.web = web or web_config.WebConfig()
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.store = RunStore(default_catalog(), max_series_per_run=settings.store_max_series_per_run,
@@ -72,12 +127,9 @@ class Exporter:
         patterns = list(settings.source)
         if settings.simulate:
             patterns.append(self._start_simulation())
-        sources = [
-            Source(pattern, self.store, fmt=settings.source_format, project=settings.project,
-                   experiment=settings.experiment)
-            for pattern in patterns
-        ]
-        self.ingestor = Ingestor(sources, interval=settings.source_poll_interval)
+        self.simulated = patterns[len(settings.source):]
+        self.sources = {self.source_key(pattern, settings): self._source(pattern, settings) for pattern in patterns}
+        self.ingestor = Ingestor(list(self.sources.values()), interval=settings.source_poll_interval)
         self.gpu_backend = None
         self.registry = CollectorRegistry()
         self.registry.register(CollectorRunner(self._collectors()))
@@ -86,6 +138,17 @@ class Exporter:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.server = None
+
+    @staticmethod
+    def source_key(pattern: str, settings: config.Settings) -> tuple:
+        """What makes two sources the same: a reload keeps (and does not re-read) an unchanged one."""
+        return pattern, settings.source_format, settings.project, settings.experiment
+
+    def _source(self, pattern: str, settings: config.Settings):
+        from .sources import Source
+
+        return Source(pattern, self.store, fmt=settings.source_format, project=settings.project,
+                      experiment=settings.experiment)
 
     def _collectors(self) -> dict:
         settings = self.settings
@@ -149,14 +212,23 @@ class Exporter:
     def start(self, address: tuple[str, int]) -> None:
         if not self.ingestor.sources and self.settings.collector_training:
             log.warning("no --source given: serving GPU and host metrics only")
+        if self.ingestor.sources:
+            log.info("reading what the sources hold")
         self.ingestor.poll_all()  # a first bounded read, so /-/ready means something at once
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
             self.gpu_backend.start()
         self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
-                               ready=self.ready)
+                               ready=self.ready, web=self.web)
         host, port = self.server.server_address[:2]
-        log.info("listening on %s:%s%s", host, port, self.settings.web_telemetry_path)
+        log.info("listening on %s:%s%s (%s)", host, port, self.settings.web_telemetry_path, self.web.describe())
+
+    def reload(self) -> bool:
+        """Read --config.file and --web.config.file again (SIGHUP). All or nothing: a file that does
+        not load is logged and the running settings are kept. The listener stays up."""
+        from .reload import apply
+
+        return apply(self)
 
     def stop(self) -> None:
         self.stop_event.set()

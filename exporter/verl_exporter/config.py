@@ -36,6 +36,7 @@ class Option:
 OPTIONS = [
     Option("web.listen-address", f":{DEFAULT_PORT}", "address to serve on, [HOST]:PORT"),
     Option("web.telemetry-path", "/metrics", "path under which to expose metrics"),
+    Option("web.config.file", None, "exporter-toolkit web config (YAML): TLS, basic auth, response headers"),
     Option("source", [], "verl FileLogger JSONL file or console log to follow; a path or a glob "
            "(repeatable)", multiple=True),
     Option("source.format", "auto", "jsonl, console, or auto (.jsonl/.json are JSONL, others console)"),
@@ -120,6 +121,11 @@ def load(argv: list[str]) -> Settings:
         setattr(settings, name, value)
     _check(settings)
     return settings
+
+
+def log_level(settings: Settings) -> str:
+    """The logging module's name of ``--log.level``."""
+    return {"warn": "WARNING"}.get(settings.log_level.lower(), settings.log_level.upper())
 
 
 def _read_file(path: str | None) -> dict:

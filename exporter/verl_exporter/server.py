@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import gzip
 import logging
 import socket
+import ssl
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Iterable
+from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
 from . import __version__
+from .web_config import WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +45,103 @@ def prefer_text_format(accept: str) -> str:
     return ",".join(parts) if takes_text else accept
 
 
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header prefers gzip to identity, q-values (RFC 9110) honoured.
+
+    ``gzip;q=0`` refuses gzip, ``*`` stands for every coding not named, identity is acceptable
+    unless refused, and gzip wins ties.
+    """
+    weights = {}
+    for part in accept_encoding.split(","):
+        coding, *params = (item.strip() for item in part.split(";"))
+        quality = 1.0
+        for param in params:
+            name, _, number = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = min(max(float(number), 0.0), 1.0)
+                except ValueError:
+                    quality = 0.0
+        if coding:
+            weights.setdefault(coding.lower(), quality)
+    star = weights.get("*")
+    gzip_q = weights.get("gzip", weights.get("x-gzip", star if star is not None else 0.0))
+    identity_q = weights.get("identity", star if star is not None else 1.0)
+    return gzip_q > 0 and gzip_q >= identity_q
+
+
+class NameFilter:
+    """The samples of ``registry`` named in ``names`` (``?name[]=...``, as client_python's server).
+
+    A family's own name selects all its samples too. Unlike ``restricted_registry``, this also
+    finds families that no collector describes up front, such as the training metrics.
+    """
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str]):
+        self.registry = registry
+        self.names = set(names)
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            if family.name in self.names:
+                yield family
+                continue
+            samples = [sample for sample in family.samples if sample.name in self.names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
+
+
 class ExporterHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str,
-                 ready: Callable[[], bool]):
+                 ready: Callable[[], bool], web: WebConfig | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         if address[0] == "":
             self.address_family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
         self.registry = registry
         self.telemetry_path = telemetry_path
         self.ready = ready
+        self.web = web or WebConfig()  # replaced whole on reload; each connection reads it once
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
+
+    def finish_request(self, request, client_address) -> None:
+        """Serve one connection on its own thread; with TLS, the handshake happens here too."""
+        web = self.web
+        if web.tls_context is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(REQUEST_TIMEOUT_SECONDS)
+        try:
+            first = request.recv(1, socket.MSG_PEEK)
+            if first and first != b"\x16":  # not a TLS handshake record: answer as Go servers do
+                request.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+                return
+            request = web.tls_context.wrap_socket(request, server_side=True)
+        except OSError as exc:  # ssl.SSLError included: a bad or missing client certificate, a timeout
+            log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+            return
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            request.close()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that goes away mid-request is one debug line; anything else is logged in full."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("connection from %s ended early: %s", client_address[0], exc)
+        else:
+            log.error("request from %s failed", client_address[0], exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -65,9 +150,12 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        if not self._authorized():
+            self._reply(401, b"Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
+            return
+        path, _, query = self.path.partition("?")
         if path == self.server.telemetry_path:
-            self._metrics()
+            self._metrics(query)
         elif path == "/-/healthy":
             self._reply(200, b"OK\n")
         elif path == "/-/ready":
@@ -83,19 +171,36 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
-    def _metrics(self) -> None:
+    def _authorized(self) -> bool:
+        web = self.server.web
+        if not web.users:
+            return True
+        scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return bool(sep) and web.check_password(user, password)
+
+    def _metrics(self, query: str) -> None:
         try:
             encoder, content_type = choose_encoder(prefer_text_format(self.headers.get("Accept", "")))
         except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
             encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        registry = self.server.registry
+        names = parse_qs(query).get("name[]")
+        if names:
+            registry = NameFilter(registry, names)
+        headers = {"Vary": "Accept, Accept-Encoding"}
         try:
-            body = encoder(self.server.registry)
-        except Exception as exc:  # a broken collector must not kill the connection silently
+            body = encoder(registry)
+        except Exception:  # a broken collector must not kill the connection silently
             log.exception("scrape failed")
-            self._reply(500, f"scrape failed: {exc}\n".encode())
+            self._reply(500, b"scrape failed; see the exporter's log\n", headers=headers)
             return
-        headers = {}
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
+        if accepts_gzip(self.headers.get("Accept-Encoding", "")):
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         self._reply(200, body, content_type, headers)
@@ -111,6 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def end_headers(self) -> None:
+        for name, value in self.server.web.headers.items():  # on every answer, errors included
+            self.send_header(name, value)
+        super().end_headers()
+
     def log_message(self, format: str, *args) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
@@ -125,9 +235,10 @@ def _landing_page(path: str) -> bytes:
 
 
 def serve(address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str = "/metrics",
-          ready: Callable[[], bool] = lambda: True) -> tuple[ExporterHTTPServer, threading.Thread]:
+          ready: Callable[[], bool] = lambda: True,
+          web: WebConfig | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
     """Bind (OSError if the port is taken) and serve in a daemon thread."""
-    server = ExporterHTTPServer(address, registry, telemetry_path, ready)
+    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread

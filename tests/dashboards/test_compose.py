@@ -159,3 +159,98 @@ def test_exporter_dockerfile():
     copied = re.findall(r"^COPY (.+) \S+$", text, re.M)
     for source in " ".join(copied).split():
         assert f"!{source}" in ignore and (REPO / source).exists(), f"{source} is not in the build context"
+
+
+# --- the opt-in secured stack: docker-compose.secured.yml on top of docker-compose.yml -------------
+
+SECURED = REPO / "docker-compose.secured.yml"
+SECURED_PROMETHEUS_YML = REPO / "prometheus" / "prometheus-secured.example.yml"
+WEB_CONFIG_EXAMPLE = REPO / "prometheus" / "web-config.example.yml"
+SECRETS_DIR = "/srv/verl-web"  # what a user sets VERL_WEB_CONFIG_DIR to
+
+
+def merged_compose(base: dict, override: dict) -> dict:
+    """``docker compose -f base -f override``: commands replaced, volumes merged by target, other
+    mappings merged key by key."""
+    merged = copy.deepcopy(base)
+    for name, service in override["services"].items():
+        target = merged["services"][name]
+        for key, value in service.items():
+            if key == "volumes":
+                def where(volume):
+                    return volume.split(":")[1] if isinstance(volume, str) else volume["target"]
+                kept = [v for v in target.get("volumes", []) if where(v) not in {where(n) for n in value}]
+                target["volumes"] = kept + value
+            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                target[key] = {**target[key], **value}
+            else:
+                target[key] = value
+    return merged
+
+
+@pytest.fixture(scope="module")
+def secured():
+    override = load_compose(SECURED, env={"VERL_WEB_CONFIG_DIR": SECRETS_DIR})
+    return override, merged_compose(load_compose(env={"VERL_WEB_CONFIG_DIR": SECRETS_DIR}), override)
+
+
+def test_secured_exporters_add_only_the_web_config_flag(secured):
+    override, merged = secured
+    assert set(override["services"]) == {"exporter", "exporter-gpu", "prometheus"}
+    for name in ("exporter", "exporter-gpu"):
+        command = merged["services"][name]["command"]
+        assert command == COMPOSE["services"][name]["command"] + [command[-1]]
+        settings = config.load(command)
+        assert settings.web_config_file == "/etc/verl-exporter/web-config.yml"
+        host = container_to_host(merged, name, settings.web_config_file)
+        assert str(host) == f"{SECRETS_DIR}/web-config.yml"
+        assert "9945" in " ".join(merged["services"][name]["healthcheck"]["test"])
+        assert "http://" not in " ".join(merged["services"][name]["healthcheck"]["test"])  # it needs a password
+    assert mount_problems(merged) == []  # the secrets' directory itself is the user's
+    assert merged["services"]["exporter-gpu"]["volumes"][0]["target"] == "/verl-logs"  # the logs stay mounted
+
+
+def test_secured_prometheus_reads_the_secrets_the_exporter_is_given(secured):
+    _, merged = secured
+    command = merged["services"]["prometheus"]["command"]
+    base = COMPOSE["services"]["prometheus"]["command"]
+    assert command[1:] == base[1:] and command[0] == "--config.file=/etc/prometheus/prometheus-secured.example.yml"
+    assert container_to_host(merged, "prometheus", command[0].split("=", 1)[1]) == SECURED_PROMETHEUS_YML.resolve()
+    job = next(job for job in yaml.safe_load(SECURED_PROMETHEUS_YML.read_text())["scrape_configs"]
+               if job["job_name"] == "verl")
+    assert job["scheme"] == "https"
+    for path in (job["basic_auth"]["password_file"], job["tls_config"]["ca_file"]):
+        assert str(container_to_host(merged, "prometheus", path)).startswith(SECRETS_DIR + "/"), path
+    assert target_problems(merged, yaml.safe_load(SECURED_PROMETHEUS_YML.read_text())) == []
+
+
+def test_secured_prometheus_config_differs_only_in_how_verl_is_scraped():
+    plain, secured = prometheus_config(), yaml.safe_load(SECURED_PROMETHEUS_YML.read_text())
+    for job in secured["scrape_configs"]:
+        if job["job_name"] == "verl":
+            assert {"scheme", "basic_auth", "tls_config"} <= set(job)
+            assert "password" not in job["basic_auth"]  # the password is a file
+            for key in ("scheme", "basic_auth", "tls_config"):
+                del job[key]
+    assert secured == plain
+
+
+def test_web_config_example_loads(tmp_path):
+    """The example, beside a certificate and key, is a valid web config; its comment names the password."""
+    from certs import make_pki
+
+    from verl_exporter import web_config
+
+    pki = make_pki(tmp_path / "pki")
+    for source, name in ((pki.server_cert, "server.crt"), (pki.server_key, "server.key"), (pki.ca, "ca.crt")):
+        (tmp_path / name).write_bytes(source.read_bytes())
+    example = tmp_path / "web-config.yml"
+    example.write_text(WEB_CONFIG_EXAMPLE.read_text())
+    web = web_config.load(str(example))
+    assert web.tls_context is not None and set(web.users) == {"prometheus"}
+    assert web.headers == {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}
+    assert web.check_password("prometheus", "change-me") and '"change-me": replace it' in example.read_text()
+    # Its commented mutual-TLS lines work once uncommented.
+    example.write_text(example.read_text().replace("  # client_auth_type:", "  client_auth_type:")
+                       .replace("  # client_ca_file:", "  client_ca_file:"))
+    assert web_config.load(str(example)).tls_context.verify_mode == __import__("ssl").CERT_REQUIRED

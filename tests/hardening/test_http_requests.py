@@ -164,3 +164,114 @@ def test_many_connections_at_once(exporter):
     assert len(results) == 200
     assert all(status_line(reply) == b"HTTP/1.0 200 OK" for reply in results), \
         [reply[:80] for reply in results if not reply.startswith(b"HTTP/1.0 200")][:5]
+
+
+ACCEPT_ENCODING = {
+    # header: whether the answer is gzipped
+    "gzip": True,
+    "GZIP": True,
+    "gzip;q=0": False,
+    "gzip; q=0.0": False,
+    "gzip;q=0, *": False,
+    "*": True,
+    "*;q=0": False,
+    "identity": False,
+    "identity;q=0, gzip;q=0.1": True,
+    "gzip;q=0.5, identity": False,
+    "br;q=1.0, gzip;q=0.8, *;q=0.1": True,
+    "deflate, br": False,
+    "gzip;q=abc": False,
+    "": False,
+}
+
+
+@pytest.mark.parametrize("accept_encoding", ACCEPT_ENCODING)
+def test_accept_encoding_q_values(exporter, accept_encoding):
+    reply = raw_request(exporter.port, b"GET /metrics HTTP/1.1\r\nAccept-Encoding: " + accept_encoding.encode()
+                        + b"\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert status_line(reply) == b"HTTP/1.0 200 OK"
+    assert (b"Content-Encoding: gzip" in head) is ACCEPT_ENCODING[accept_encoding], head
+    assert (body[:2] == b"\x1f\x8b") is ACCEPT_ENCODING[accept_encoding]
+    vary = [line for line in head.split(b"\r\n") if line.lower().startswith(b"vary:")]
+    assert len(vary) == 1 and b"Accept-Encoding" in vary[0] and b"Accept" in vary[0].split(b":", 1)[1].split(b",")[0]
+
+
+def families(text: str) -> set[str]:
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_name_filter(exporter):
+    """?name[]=... serves only those samples, as client_python's own server does."""
+    everything = families(exporter.get("/metrics")[1])
+    assert {"verl_actor_pg_clipfrac", "verl_training_last_step", "process_cpu_seconds_total"} <= everything
+    status, text = exporter.get("/metrics?name[]=verl_actor_pg_clipfrac&name[]=verl_training_last_step"
+                                "&name[]=process_cpu_seconds_total&name[]=no_such_metric")
+    assert status == 200
+    assert families(text) == {"verl_actor_pg_clipfrac", "verl_training_last_step", "process_cpu_seconds_total"}
+    assert value(text, "verl_actor_pg_clipfrac", project="gsm8k") == 0.1
+    assert families(exporter.get("/metrics?name[]=no_such_metric")[1]) == set()
+    assert families(exporter.get("/metrics?other=1")[1]) == everything
+
+
+class _Failing:
+    def collect(self):
+        raise RuntimeError("internal detail /secret/path.jsonl")
+
+
+def test_a_failed_scrape_answers_a_generic_500_and_logs_the_detail(caplog):
+    from prometheus_client import CollectorRegistry
+
+    from verl_exporter import server as server_module
+
+    registry = CollectorRegistry()
+    registry.register(_Failing())
+    http, _ = server_module.serve(("127.0.0.1", 0), registry)
+    try:
+        reply = raw_request(http.server_address[1], b"GET /metrics HTTP/1.1\r\n\r\n")
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert status_line(reply) == b"HTTP/1.0 500 Internal Server Error"
+    assert reply.partition(b"\r\n\r\n")[2] == b"scrape failed; see the exporter's log\n"
+    assert "internal detail /secret/path.jsonl" in caplog.text
+
+
+class _Big:
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("verl_test_big", "Many samples.", labels=["i"])
+        for index in range(50_000):
+            family.add_metric([str(index)], index)
+        yield family
+
+
+def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
+    """No traceback outside the log format: one debug line per dropped connection."""
+    import logging
+    import struct
+
+    from prometheus_client import CollectorRegistry
+
+    from verl_exporter import server as server_module
+
+    caplog.set_level(logging.DEBUG, logger="verl_exporter.server")
+    registry = CollectorRegistry()
+    registry.register(_Big())
+    http, _ = server_module.serve(("127.0.0.1", 0), registry)
+    try:
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # a reset while the server builds its answer
+        wait_until(lambda: sum("ended early" in r.getMessage() for r in caplog.records) == 3,
+                   message="three dropped connections logged")
+        assert raw_request(http.server_address[1], b"GET /-/healthy HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.0 200")
+    finally:
+        http.shutdown()
+        http.server_close()
+    dropped = [r for r in caplog.records if "ended early" in r.getMessage()]
+    assert all(r.levelname == "DEBUG" and "\n" not in r.getMessage() and not r.exc_info for r in dropped)
+    assert "Traceback" not in capfd.readouterr().err
