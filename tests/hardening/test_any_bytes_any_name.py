@@ -155,10 +155,12 @@ def follow(folder: str, cases: dict[int, tuple]) -> tuple[str, str]:
     source.poll()
     while source.behind:
         source.poll()
-    source.close()
     registry = CollectorRegistry()
     registry.register(CollectorRunner({"training": TrainingCollector(store)}))
-    return generate_latest(registry).decode(), generate_openmetrics(registry).decode()
+    try:
+        return generate_latest(registry).decode(), generate_openmetrics(registry).decode()
+    finally:
+        source.close()
 
 
 def check(text: str, openmetrics: str, files: int) -> None:

@@ -32,11 +32,12 @@ def both_formats(**collectors) -> str:
 def served(*patterns) -> str:
     """What the training collector serves after one store followed ``patterns``; it did not fail."""
     store = RunStore(default_catalog())
-    for pattern in patterns:
-        source = Source(str(pattern), store)
+    sources = [Source(str(pattern), store) for pattern in patterns]
+    for source in sources:
         source.poll()
-        source.close()
     text = both_formats(training=TrainingCollector(store))
+    for source in sources:
+        source.close()
     assert sample_value(text, "verl_exporter_collector_success", collector="training") == 1
     return text
 

@@ -104,6 +104,18 @@ def test_the_reason_is_logged_again_only_when_it_changes(tmp_path, caplog, monke
                         f"{path} can be read again"]
 
 
+def test_a_closed_source_is_forgotten(unusable):
+    store = RunStore(default_catalog())
+    source = Source(str(unusable["good"].parent / "*.log"), store)
+    kept = Source(str(unusable["missing"]), store)
+    poll(source)
+    poll(kept)
+    source.close()
+    text = scrape(store)
+    assert [path for path in map(str, unusable.values())
+            if sample_value(text, "verl_exporter_source_up", source=path) is not None] == [str(unusable["missing"])]
+
+
 def test_a_file_that_becomes_a_fifo_is_not_read(tmp_path):
     path = tmp_path / "run.log"
     path.write_text("step:1 - a:1\n")

@@ -108,7 +108,10 @@ class Source:
         return self.follower.behind
 
     def close(self) -> None:
+        """Stop following; the store forgets this source's paths (a reload may have dropped it)."""
         self.follower.close()
+        self.follower.status = {}
+        self._report_status(self.clock())
 
     def poll(self) -> int:
         """Read what was written since the last poll; return the number of records ingested."""
