@@ -36,7 +36,8 @@ from verl_exporter import simulate  # noqa: E402
 
 # What each scenario trips (with the default healthy GPUs; --gpus hot:8 adds the GPU alerts).
 EXPECTED = {
-    "healthy": "nothing: a healthy run stays silent",
+    "healthy": "nothing: a healthy PPO run stays silent",
+    "healthy-grpo": "nothing: a healthy on-policy GRPO run (pg_clipfrac and ppo_kl about 0) stays silent",
     "lr-too-high": "VerlLearningRateTooHigh (Slack), muting VerlPolicyUpdateAggressive, VerlPolicyChangeTooLarge "
                    "and VerlActorGradNormPinned",
     "critic-underfit": "VerlCriticNotLearning (Slack) after 20 warm-up steps",

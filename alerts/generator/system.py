@@ -28,6 +28,12 @@ STALLED = (
 )
 
 _XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
+# The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
+THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
+UNFINISHED = f"unless {RUN_MATCH} verl_training_finished == 1"
+JOB_GONE = "and on(job, instance) verl_job_running == 0"
+JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
+           "the last checkpoint (`trainer.resume_mode=auto`).")
 
 
 def _new_or_increased(selector: str, window: str) -> str:
@@ -59,12 +65,15 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         "11.2",
     ),
     Alert(
-        "VerlThroughputLow", "warning",
-        "verl_perf_throughput < ${perf/throughput:floor}", "30m",
-        "Training throughput is below the floor.",
-        f"Run {RUN}: perf/throughput is {NUMBER} tokens/s per GPU, below ${{perf/throughput:floor}}.",
-        "`perf/throughput` is tokens processed per second per GPU. The guide's floor for a 7B model is 50; "
-        "set `thresholds.floor` of perf/throughput in the catalog for your model size.",
+        "VerlThroughputDropped", "warning",
+        f"{THROUGHPUT_30M} < ${{perf/throughput:drop_ratio}} * max_over_time({THROUGHPUT_30M}[6h:5m])", "15m",
+        "Training throughput fell to half of the run's own earlier throughput.",
+        f"Run {RUN}: perf/throughput averaged {NUMBER} tokens/s per GPU over 30 minutes, below "
+        "${perf/throughput:drop_ratio} of the run's best 30-minute average of the last 6 hours.",
+        "`perf/throughput` is tokens processed per second per GPU. What is normal depends on the model "
+        "size, the GPUs and the batch and sequence lengths (the guide's 50 tokens/s/GPU is for a 7B "
+        "model), so the rule compares the run with itself: its 30-minute average against its best "
+        "30-minute average of the last 6 hours.",
         "Find the slow phase in `timing_s/*` (generation, actor update) and follow its alert; check MFU and "
         "that GPUs are not throttled.",
         "11.2",
@@ -81,11 +90,14 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         "7.4",
     ),
     Alert(
-        "VerlStepSlow", "warning",
+        "VerlStepSlow", "info",
         "verl_timing_step_seconds > ${timing_s/step:too_slow}", "30m",
         "Training steps take longer than 120 s.",
         f"Run {RUN}: a training step takes {DURATION} (timing_s/step, limit ${{timing_s/step:too_slow}} s).",
-        "The guide treats a step time above 120 s as slow training.",
+        "The guide treats a step time above 120 s as slow training. A step's time follows the model "
+        "size, `data.train_batch_size` x `actor_rollout_ref.rollout.n` and the response length, so large "
+        "runs are slow by design: this is information only; a run that became slower than it was raises "
+        "VerlThroughputDropped.",
         "See which `timing_s/*` phase dominates (VerlGenerationBottleneck, VerlActorUpdateBottleneck) and "
         "tune that phase.",
         "11.2",
@@ -114,7 +126,8 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         f"Run {RUN}: no new step for {DURATION}, over ${{timing_s/step:stalled_steps}} times its usual step "
         "time, and the run has not finished.",
         "No new step has been read for several times the run's usual step time (plus the `for` "
-        "duration), verl has not printed its end of training and, where the exporter knows the job "
+        "duration), the run has not finished (reached its last step, or verl printed its end of "
+        "training) and, where the exporter knows the job "
         "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
         "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",
         "Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "
@@ -122,17 +135,29 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "8.1",
     ),
     Alert(
+        "VerlTrainingJobCrashed", "critical",
+        f"((verl_training_last_step < {RUN_MATCH} verl_training_total_steps) {UNFINISHED}) {JOB_GONE}", "2m",
+        "The training job exited before its last step.",
+        f"Run {RUN}: the training job has no live process, and the run stopped at step {{{{ $value }}}} of "
+        "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project "
+        "$labels.experiment | query }}{{ . | first | value }}{{ end }}: it crashed or was stopped.",
+        "The exporter watches the job's processes (`--job.pid`/`--job.match`); none is left, and the run "
+        "had not reached its last step (verl's `Total training steps`). The job crashed (OOM killer, "
+        "exception, node failure) or was stopped by hand. A job that exits at its last step is finished "
+        "and raises nothing.",
+        JOB_FIX,
+        "8.1",
+    ),
+    Alert(
         "VerlTrainingJobExited", "warning",
-        "verl_job_running == 0 and on(job, instance)"
-        f" count by (job, instance) (verl_training_last_step unless {RUN_MATCH} verl_training_finished == 1)",
-        "2m",
-        "The training job's processes are gone but its run did not finish.",
-        "The training job watched by {{ $labels.instance }} has no live process, and a run it follows has "
-        "not reported the end of training: it crashed or was stopped.",
-        "The exporter watches the job's processes; none is left, yet verl did not print its final "
-        "validation line. The job crashed (OOM killer, exception, node failure) or was stopped by hand.",
-        "Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
-        "the last checkpoint (`trainer.resume_mode=auto`).",
+        f"((verl_training_last_step unless {RUN_MATCH} verl_training_total_steps) {UNFINISHED}) {JOB_GONE}", "2m",
+        "The training job's processes are gone and its run's length is unknown.",
+        f"Run {RUN}: the training job watched by {{{{ $labels.instance }}}} has no live process, the run did not "
+        "report the end of training and its total of steps is unknown: it crashed, was stopped, or ended.",
+        "As VerlTrainingJobCrashed, for a run whose length the exporter does not know (a JSONL-only run "
+        "without `--run.config` or a config with `trainer.total_training_steps`): whether it ended "
+        "cannot be told, so this is a warning, not a page.",
+        JOB_FIX + " Give the exporter the run's config (`--run.config`) to tell an end from a crash.",
         "8.1",
     ),
     Alert(
@@ -319,6 +344,13 @@ def recording_rules() -> list[dict]:
              "expr": "count(max by (project, experiment) (verl_training_finished) == 1) or vector(0)"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "stalled"},
              "expr": f"count({stalled_runs}) or vector(0)"},
+            {"record": "project_experiment:verl_training_progress:ratio",
+             "expr": "clamp_max(max by (project, experiment) (verl_training_last_step)"
+                     " / max by (project, experiment) (verl_training_total_steps), 1)"},
+            {"record": "project_experiment:verl_training_time_left_seconds:estimate",
+             "expr": "max by (project, experiment) (clamp_min(verl_training_total_steps - verl_training_last_step, 0))"
+                     " * on(project, experiment)"
+                     " max by (project, experiment) (avg_over_time(verl_timing_step_seconds[30m]))"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "running"},
              "expr": "count(max by (project, experiment) (verl_training_finished) == 0"
                      f" unless on(project, experiment) {stalled_runs}) or vector(0)"},

@@ -5,14 +5,31 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import NUMBER, PERCENT, RUN, Alert, Group
+from .model import NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
+from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, POLICY_UPDATES, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
 WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
 # Mean score of the last hour minus the mean of the hour before (needs two hours of data).
 SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
-GRAD_PINNED = ("abs(verl_actor_grad_norm - ${actor/grad_norm:grad_clip})"
-               " <= ${actor/grad_norm:pinned_tolerance} * ${actor/grad_norm:grad_clip}")
+
+
+def grad_pinned(metric: str, clip: str, tolerance: str) -> str:
+    """``metric`` within ``tolerance`` (relative) of the run's own grad_clip (recording rule ``clip``)."""
+    return f"abs({metric} - {RUN_MATCH} {clip}) <= {RUN_MATCH} ({tolerance} * {clip})"
+
+
+GRAD_PINNED = grad_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad_norm:pinned_tolerance}")
+# "Frozen" and "conservative" mean something only when the policy is updated more than once per
+# rollout: on-policy (ppo_epochs 1, one mini-batch per batch) has pg_clipfrac and ppo_kl at 0 by
+# construction. Runs whose config is unknown are left out too (no series).
+MULTI_UPDATE = f"{RUN_MATCH} {POLICY_UPDATES} > 1"
+UNKNOWN = " (verl's default; the run's config is unknown)"
+CLIP_RATIO = quote("actor_rollout_ref.actor.clip_ratio", "${setting:actor_rollout_ref.actor.clip_ratio}" + UNKNOWN)
+ACTOR_CLIP = quote("actor_rollout_ref.actor.grad_clip", "${setting:actor_rollout_ref.actor.grad_clip}" + UNKNOWN)
+CRITIC_CLIP = quote("critic.grad_clip", "${setting:critic.grad_clip}" + UNKNOWN)
+MAX_RESPONSE = quote("data.max_response_length", "(unknown: the run's config is not known)")
+MAX_PROMPT = quote("data.max_prompt_length", "(unknown: the run's config is not known)")
 HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
 
 ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)", (
@@ -21,22 +38,25 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "verl_actor_pg_clipfrac > ${actor/pg_clipfrac:aggressive}", "15m",
         "PPO clips more than half of the policy updates.",
         f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, above ${{actor/pg_clipfrac:aggressive}}: "
-        "policy updates are aggressive and may be unstable.",
+        f"policy updates are aggressive and may be unstable (clip_ratio {CLIP_RATIO}).",
         "`actor/pg_clipfrac` is the share of samples whose probability ratio left the PPO clip range. "
         "The guide's healthy range is 0.05-0.30; above 0.5 the updates are too large and training may "
         "become unstable.",
         f"{HALVE_LR}; if the learning rate is already small, widen `actor_rollout_ref.actor.clip_ratio` "
-        "from 0.2 to 0.3.",
+        "by half (e.g. 0.2 -> 0.3).",
         "1.2",
     ),
     Alert(
         "VerlPolicyUpdateConservative", "info",
-        f"verl_actor_pg_clipfrac < ${{actor/pg_clipfrac:conservative}} and {WARMED_ACTOR}", "1h",
+        f"verl_actor_pg_clipfrac < ${{actor/pg_clipfrac:conservative}} and {WARMED_ACTOR} and {MULTI_UPDATE}", "1h",
         "PPO has clipped almost no policy updates for an hour.",
-        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, below ${{actor/pg_clipfrac:conservative}} for an hour: "
-        "policy updates are conservative and learning may be slow.",
+        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, below ${{actor/pg_clipfrac:conservative}} for an hour "
+        f"(clip_ratio {CLIP_RATIO}): policy updates are conservative and learning may be slow.",
         "Below 0.05 almost no update reaches the clip range: the policy changes little per step and may "
-        "converge slowly. After convergence (score high and flat) this is expected.",
+        "converge slowly. After convergence (score high and flat) this is expected. Only for runs that "
+        "update the policy more than once per rollout (`ppo_epochs` > 1 or `ppo_mini_batch_size` below "
+        "`data.train_batch_size`): on-policy runs (the common GRPO recipe) clip nothing by construction, "
+        "and runs whose config the exporter does not know are left out.",
         "If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
         "run has converged, nothing to do.",
         "1.2",
@@ -53,12 +73,14 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
     ),
     Alert(
         "VerlPolicyFrozen", "info",
-        f"abs(verl_actor_ppo_kl) < ${{actor/ppo_kl:frozen}} and {WARMED_ACTOR}", "1h",
+        f"abs(verl_actor_ppo_kl) < ${{actor/ppo_kl:frozen}} and {WARMED_ACTOR} and {MULTI_UPDATE}", "1h",
         "The policy has barely changed for an hour (PPO KL about 0).",
         f"Run {RUN}: actor/ppo_kl is {NUMBER}, below ${{actor/ppo_kl:frozen}} for an hour: the policy is "
         "almost frozen.",
         "Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
-        "has decayed to nothing or exploration has collapsed.",
+        "has decayed to nothing or exploration has collapsed. Only for runs that update the policy more "
+        "than once per rollout: on-policy, the old and the new policy are the same and `ppo_kl` is 0 by "
+        "construction; runs whose config the exporter does not know are left out.",
         "Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
         "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
         "1.3",
@@ -95,7 +117,8 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "VerlKlLossHigh", "warning",
         "verl_actor_kl_loss > ${actor/kl_loss:too_large}", "10m",
         "The policy drifts far from the reference policy (KL loss too large).",
-        f"Run {RUN}: actor/kl_loss is {NUMBER}, above ${{actor/kl_loss:too_large}}.",
+        f"Run {RUN}: actor/kl_loss is {NUMBER}, above ${{actor/kl_loss:too_large}} "
+        f"(kl_loss_coef {quote('actor_rollout_ref.actor.kl_loss_coef', 'unknown')}).",
         "`actor/kl_loss` is the KL divergence between the policy and the reference policy (GRPO and "
         "similar). The guide's range is 0.001-0.1; above it the policy leaves the trust region.",
         "Raise `actor_rollout_ref.actor.kl_loss_coef` or lower `actor_rollout_ref.actor.optim.lr`.",
@@ -105,18 +128,33 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "VerlActorGradNormPinned", "warning",
         f"verl_actor_grad_norm and {GRAD_PINNED}", "15m",
         "The actor's gradient norm is pinned at the clip value.",
-        f"Run {RUN}: actor/grad_norm has stayed at the clip value ${{actor/grad_norm:grad_clip}} "
+        f"Run {RUN}: actor/grad_norm has stayed at the run's grad_clip {ACTOR_CLIP} "
         f"(now {NUMBER}): every update is clipped.",
-        "When `actor/grad_norm` equals the gradient clip value step after step, every gradient is being "
-        "clipped: the learning rate is too high or some data is abnormal.",
+        "When `actor/grad_norm` equals the gradient clip value (the run's "
+        "`actor_rollout_ref.actor.grad_clip`, else verl's default "
+        "${setting:actor_rollout_ref.actor.grad_clip}) step after step, every gradient is being clipped: "
+        "the learning rate is too high or some data is abnormal.",
         f"{HALVE_LR}; check the data for abnormal samples; only then consider a larger "
-        "`actor_rollout_ref.actor.grad_clip`. If your grad_clip is not 1.0, set "
-        "`thresholds.grad_clip` of actor/grad_norm in the catalog and regenerate the rules.",
+        "`actor_rollout_ref.actor.grad_clip`.",
         "1.7",
     ),
 ), training=True)
 
 CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)", (
+    Alert(
+        "VerlCriticGradNormPinned", "warning",
+        "verl_critic_grad_norm and "
+        + grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"), "15m",
+        "The critic's gradient norm is pinned at the clip value.",
+        f"Run {RUN}: critic/grad_norm has stayed at the run's critic.grad_clip {CRITIC_CLIP} "
+        f"(now {NUMBER}): every critic update is clipped.",
+        "When `critic/grad_norm` equals the critic's gradient clip value (the run's `critic.grad_clip`, "
+        "else verl's default ${setting:critic.grad_clip}) step after step, every critic gradient is "
+        "clipped: the critic's learning rate is too high or the returns are out of scale.",
+        "Lower `critic.optim.lr` (e.g. halve it); check the reward scale; only then consider a larger "
+        "`critic.grad_clip`.",
+        "2.5",
+    ),
     Alert(
         "VerlCriticWorseThanConstant", "warning",
         f"verl_critic_vf_explained_var < ${{critic/vf_explained_var:negative}} and {WARMED_CRITIC}", "15m",
@@ -222,19 +260,19 @@ LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
         "VerlResponsesTruncated", "warning",
         "verl_response_length_clip_ratio > ${response_length/clip_ratio:too_high}", "10m",
         "More than half of the responses hit max_response_length.",
-        f"Run {RUN}: {PERCENT} of responses are truncated at max_response_length (limit "
+        f"Run {RUN}: {PERCENT} of responses are truncated at max_response_length {MAX_RESPONSE} (limit "
         "${response_length/clip_ratio:too_high}).",
         "`response_length/clip_ratio` is the share of responses cut at the maximum length. Below 0.1 is "
         "ideal, 0.1-0.3 acceptable; above 0.5 most answers are cut off and their rewards are wrong.",
-        "Raise `data.max_response_length` (e.g. 256 -> 512).",
+        "Raise `data.max_response_length` (e.g. double it, 256 -> 512).",
         "4.2",
     ),
     Alert(
         "VerlResponsesOftenTruncated", "info",
         "verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", "1h",
         "More than 10% of the responses hit max_response_length.",
-        f"Run {RUN}: {PERCENT} of responses have been truncated for an hour (ideal below "
-        "${response_length/clip_ratio:elevated}).",
+        f"Run {RUN}: {PERCENT} of responses have been truncated at max_response_length {MAX_RESPONSE} for an "
+        "hour (ideal below ${response_length/clip_ratio:elevated}).",
         "Most responses should end on their own; above 10% truncation for long, answers are being cut.",
         "Consider a larger `data.max_response_length`.",
         "4.2",
@@ -243,7 +281,7 @@ LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
         "VerlPromptsTruncated", "warning",
         "verl_prompt_length_clip_ratio > ${prompt_length/clip_ratio:too_high}", "30m",
         "More than 10% of the prompts hit max_prompt_length.",
-        f"Run {RUN}: {PERCENT} of prompts are truncated at max_prompt_length (limit "
+        f"Run {RUN}: {PERCENT} of prompts are truncated at max_prompt_length {MAX_PROMPT} (limit "
         "${prompt_length/clip_ratio:too_high}).",
         "`prompt_length/clip_ratio` is the share of prompts cut at the maximum prompt length; below 0.05 "
         "the data is prepared well, above 0.1 prompts lose content.",
@@ -259,7 +297,7 @@ DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diag
         f" and verl_actor_ppo_kl > ${{actor/ppo_kl:too_large}} and {GRAD_PINNED}", "10m",
         "The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
         f"Run {RUN}: actor/pg_clipfrac is {PERCENT} with actor/ppo_kl above ${{actor/ppo_kl:too_large}} and "
-        "actor/grad_norm pinned at ${actor/grad_norm:grad_clip}: the learning rate is too high.",
+        f"actor/grad_norm pinned at the run's grad_clip {ACTOR_CLIP}: the learning rate is too high.",
         "The guide's worked example 2: `actor/pg_clipfrac` 0.85, `actor/ppo_kl` 0.125 and `actor/grad_norm` "
         "at the clip value 1.0 while the score does not rise. Each update overshoots, PPO clips most "
         "samples and every gradient is clipped.",

@@ -116,6 +116,18 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class SettingSpec:
+    """A verl setting the exporter serves: a number (``verl_run_config{key}``) or, with ``label``,
+    a label of ``verl_run_config_info``; ``default`` is verl's, for rules on runs of unknown config."""
+
+    key: str
+    aliases: tuple[str, ...] = ()
+    default: float | None = None
+    label: str = ""
+    last_part: bool = False
+
+
+@dataclass(frozen=True)
 class Resolved:
     """A verl key resolved to its metric and the label values of this series."""
 
@@ -127,10 +139,11 @@ class Catalog:
     """Looks up verl keys; loads ``catalog.yaml`` once."""
 
     def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]],
-                 system: dict[str, float] | None = None):
+                 system: dict[str, float] | None = None, settings: list[SettingSpec] | None = None):
         self.metrics = metrics
         self.families = families
         self.system = dict(system or {})  # thresholds of GPU, host and job metrics
+        self.settings = list(settings or ())  # the run's settings served from its config
         self._by_key: dict[str, MetricSpec] = {}
         for spec in metrics:
             for key in (spec.key,) + spec.aliases:
@@ -154,7 +167,14 @@ class Catalog:
                 label_names=tuple(pattern.groupindex),
             )
             families.append((pattern, spec))
-        return cls(metrics, families, data.get("system"))
+        return cls(metrics, families, data.get("system"), _settings_from_yaml(data.get("settings") or {}))
+
+    def setting(self, key: str) -> SettingSpec:
+        """The catalog's entry for a verl setting (newest spelling); KeyError if it is not listed."""
+        for spec in self.settings:
+            if spec.key == key:
+                return spec
+        raise KeyError(key)
 
     def spec(self, key: str) -> MetricSpec:
         """The catalog entry for a verl key or alias; KeyError if it is not listed."""
@@ -228,6 +248,14 @@ def _metric_from_yaml(entry: dict) -> MetricSpec:
         thresholds=dict(entry.get("thresholds") or {}),
         aliases=tuple(entry.get("aliases") or ()),
     )
+
+
+def _settings_from_yaml(data: dict) -> list[SettingSpec]:
+    specs = [SettingSpec(entry["key"], tuple(entry.get("aliases") or ()), entry.get("default"))
+             for entry in data.get("numeric") or ()]
+    specs += [SettingSpec(entry["key"], tuple(entry.get("aliases") or ()), label=entry["label"],
+                          last_part=bool(entry.get("last_part"))) for entry in data.get("info") or ()]
+    return specs
 
 
 @lru_cache(maxsize=1)

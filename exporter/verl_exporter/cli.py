@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import simulate
 
         return simulate.main(argv[1:]) or 0
+    if argv[:1] in (["backfill"], ["replay"]):
+        from .history import backfill, replay
+
+        return (backfill if argv[0] == "backfill" else replay).main(argv[1:])
     signals = _Signals()
     app = None
     try:
@@ -127,6 +131,8 @@ class Exporter:
         patterns = list(settings.source)
         if settings.simulate:
             patterns.append(self._start_simulation())
+        if settings.run_config:  # like a simulated run, not one of --source: a reload keeps it
+            patterns.append(settings.run_config)
         self.simulated = patterns[len(settings.source):]
         self.sources = {self.source_key(pattern, settings): self._source(pattern, settings) for pattern in patterns}
         self.ingestor = Ingestor(list(self.sources.values()), interval=settings.source_poll_interval)
@@ -147,8 +153,8 @@ class Exporter:
     def _source(self, pattern: str, settings: config.Settings):
         from .sources import Source
 
-        return Source(pattern, self.store, fmt=settings.source_format, project=settings.project,
-                      experiment=settings.experiment)
+        fmt = "config" if pattern == self.settings.run_config else settings.source_format  # --run.config
+        return Source(pattern, self.store, fmt=fmt, project=settings.project, experiment=settings.experiment)
 
     def _collectors(self) -> dict:
         settings = self.settings

@@ -40,6 +40,8 @@ OPTIONS = [
     Option("source", [], "verl FileLogger JSONL file or console log to follow; a path or a glob "
            "(repeatable)", multiple=True),
     Option("source.format", "auto", "jsonl, console, or auto (.jsonl/.json are JSONL, others console)"),
+    Option("run.config", None, "the run's config: hydra's .hydra/config.yaml or a saved config print, when "
+           "the logs followed do not print it (a JSONL-only run)"),
     Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
     Option("project", None, "trainer.project_name of the run (default: from the config verl prints, "
            "else the source file's directory name)"),

@@ -11,15 +11,25 @@ import random
 from typing import Iterator
 
 SCENARIOS: dict[str, str] = {
-    "healthy": "score rises 0.15 -> 0.8, pg_clipfrac 0.1-0.2, ppo_kl 0.002-0.006, the critic converges",
+    "healthy": "PPO with a critic: score rises 0.15 -> 0.8, pg_clipfrac 0.1-0.2, ppo_kl 0.002-0.006, the critic "
+               "converges",
+    "healthy-grpo": "on-policy GRPO (ppo_epochs 1, one mini-batch per batch): pg_clipfrac ~0.0008, ppo_kl ~-8e-06, "
+                    "no critic; score rises 0.15 -> 0.8",
     "lr-too-high": "pg_clipfrac ~0.8, ppo_kl ~0.1, actor/grad_norm pinned at the clip value 1.0, score flat",
     "critic-underfit": "vf_explained_var stays negative, vf_loss stuck near 45, vpred_mean far below returns",
     "entropy-collapse": "entropy 0.6 -> 0.05 within ~10 steps, ppo_kl -> 0.0001, score stops improving",
     "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
     "stall": "healthy, then the job hangs: no step is written after stall_after steps",
     "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
+    "grad-spike": "healthy, but at steps 100-101 grad_norm x8, ppo_kl x10, vf_loss x20 and pg_loss +0.05",
+    "rollout-mismatch": "healthy with mismatch metrics logged; from step 60 rollout and trainer drift apart "
+                        "(probs diff 0.003 -> 0.03, pearson 0.999 -> 0.85, rollout KL 0.002 -> 0.15)",
 }
+SPIKE_STEPS = (100, 101)  # the grad-spike scenario's two abnormal steps
+MISMATCH_FROM = 60  # the rollout-mismatch scenario's engines drift apart over the 10 steps from here
 ALGORITHMS = ("ppo", "grpo")
+# Scenarios that are one algorithm whatever the caller asks.
+SCENARIO_ALGORITHMS = {"healthy-grpo": "grpo"}
 VAL_KEYS = ("val-core/openai/gsm8k/reward/mean@1", "val-core/openai/gsm8k/acc/mean@1",
             "val-aux/openai/gsm8k/reward/std@1")
 
@@ -68,7 +78,51 @@ def _targets(scenario: str, t: int) -> dict[str, float]:
                  score=0.15 + 0.15 * (1 - early))
     elif scenario == "truncation":
         v.update(response_mean=253.8, response_clip=0.85, max_response=256.0)
+    elif scenario == "healthy-grpo":  # one update per rollout: the ratio is 1, nothing is clipped
+        v.update(pg_clipfrac=0.0008 + 0.0002 * math.sin(t / 7), ppo_kl=-8e-06 + 2e-06 * math.sin(t / 5))
     return v
+
+
+def algorithm_of(scenario: str, algorithm: str = "ppo") -> str:
+    """The algorithm a scenario runs: its own where it has one, else ``algorithm``."""
+    return SCENARIO_ALGORITHMS.get(scenario, algorithm)
+
+
+def run_config(scenario: str, *, algorithm: str = "ppo", project: str = "simulated", experiment: str = "run",
+               total_steps: int | None = None, val_every: int = 10) -> dict:
+    """The part of verl's resolved config (``trainer.*``, ``data.*``, ...) the simulated run uses.
+
+    PPO runs update the policy four times per rollout (mini-batch 64 of a 256-prompt batch); GRPO
+    runs are on-policy (one mini-batch per 64-prompt batch, ``rollout.n`` 4). ``total_steps`` is
+    the user's ``trainer.total_training_steps`` (None: verl computes it from the epochs).
+    """
+    check(scenario, algorithm)
+    ppo = algorithm_of(scenario, algorithm) == "ppo"
+    prompts = SAMPLES if ppo else SAMPLES // 4
+    max_response = int(_targets(scenario, 1)["max_response"])
+    return {
+        "actor_rollout_ref": {
+            "actor": {"clip_ratio": 0.2, "clip_ratio_c": 3.0, "clip_ratio_high": 0.2, "clip_ratio_low": 0.2,
+                      "entropy_coeff": 0, "grad_clip": GRAD_CLIP, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl",
+                      "optim": {"lr": 1e-06, "lr_warmup_steps_ratio": 0.0, "weight_decay": 0.01},
+                      "ppo_epochs": 1, "ppo_micro_batch_size_per_gpu": 8,
+                      "ppo_mini_batch_size": 64 if ppo else prompts, "strategy": "fsdp",
+                      "use_kl_loss": not ppo},
+            "model": {"enable_gradient_checkpointing": True, "path": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "rollout": {"gpu_memory_utilization": 0.6, "n": 1 if ppo else SAMPLES // prompts, "name": "vllm",
+                        "prompt_length": 512, "response_length": max_response, "temperature": 1.0,
+                        "tensor_model_parallel_size": 1},
+        },
+        "algorithm": {"adv_estimator": "gae" if ppo else "grpo", "gamma": 1.0, "lam": 1.0,
+                      "use_kl_in_reward": ppo},
+        "critic": {"grad_clip": 1.0, "optim": {"lr": 1e-05}, "ppo_epochs": 1, "strategy": "fsdp"},
+        "data": {"max_prompt_length": 512, "max_response_length": max_response, "train_batch_size": prompts,
+                 "train_files": "~/data/gsm8k/train.parquet", "val_files": "~/data/gsm8k/test.parquet"},
+        "trainer": {"critic_warmup": 0, "experiment_name": experiment, "logger": ["console", "file"],
+                    "n_gpus_per_node": N_GPUS, "nnodes": 1, "project_name": project, "save_freq": -1,
+                    "test_freq": val_every if val_every > 0 else -1, "total_epochs": 15,
+                    "total_training_steps": total_steps, "val_before_train": False},
+    }
 
 
 def check(scenario: str, algorithm: str = "ppo") -> None:
@@ -82,6 +136,7 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
                 nan_after: int = 15) -> dict[str, float]:
     """The training metrics verl logs at ``step`` of a scenario, keyed by verl key."""
     check(scenario, algorithm)
+    algorithm = algorithm_of(scenario, algorithm)
     rng = random.Random(f"{seed}/{scenario}/{algorithm}/{step}")
     ppo = algorithm == "ppo"
     tg = _targets(scenario, step)
@@ -179,11 +234,43 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
         "training/global_step": step,
         "training/epoch": (step - 1) // STEPS_PER_EPOCH,
     })
+    if scenario == "grad-spike" and step in SPIKE_STEPS:
+        m["actor/grad_norm"] *= 8
+        m["actor/ppo_kl"] *= 10
+        m["actor/pg_loss"] += 0.05
+        if ppo:
+            m["critic/vf_loss"] *= 20
+    if scenario == "rollout-mismatch":
+        m.update(_mismatch_values(step, rng))
     if scenario == "nan" and step >= nan_after:
         m["actor/pg_loss"] = m["actor/grad_norm"] = math.nan
         if ppo:
             m["critic/vf_loss"] = math.inf
     return m
+
+
+def _mismatch_values(step: int, rng: random.Random) -> dict[str, float]:
+    """What verl logs with calculate_log_probs and rollout correction: healthy, then drifting apart."""
+    drift = min(1.0, max(0.0, (step - MISMATCH_FROM) / 10))
+
+    def between(healthy: float, bad: float) -> float:
+        return (healthy + (bad - healthy) * drift) * (1 + rng.uniform(-0.03, 0.03))
+
+    kl = between(0.002, 0.15)
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_mean": between(0.003, 0.03),
+        "training/rollout_probs_diff_max": min(1.0, between(0.3, 0.95)),
+        "training/rollout_probs_diff_std": between(0.01, 0.08),
+        "training/rollout_actor_probs_pearson_corr": min(1.0, between(0.999, 0.85)),
+        "rollout_corr/kl": kl,
+        "rollout_corr/k3_kl": kl * 0.98,
+        "rollout_corr/ppl_ratio": math.exp(kl),
+        "rollout_corr/chi2_token": between(0.01, 1.5),
+        "rollout_corr/rollout_is_mean": between(1.0, 1.05),
+        "rollout_corr/rollout_is_std": between(0.1, 1.5),
+        "rollout_corr/rollout_is_eff_sample_size": between(0.95, 0.2),
+    }
 
 
 def validation_values(scenario: str, step: int, *, seed: int = 0) -> dict[str, float]:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import pprint
 import random
 import sys
 import threading
 from pathlib import Path
 from typing import Iterator
 
+import yaml
+
 from .scenarios import (  # noqa: F401  (re-exported: the simulated run's public names)
-    ALGORITHMS, N_GPUS, SAMPLES, SCENARIOS, VAL_KEYS, check, generate_steps, is_validation,
-    scale_timings, step_values, validation_values,
+    ALGORITHMS, N_GPUS, SAMPLES, SCENARIOS, STEPS_PER_EPOCH, VAL_KEYS, algorithm_of, check, generate_steps,
+    is_validation, run_config, scale_timings, step_values, validation_values,
 )
 
 FORMATS = ("jsonl", "console")
@@ -83,18 +86,41 @@ def noise_lines(rng: random.Random, step: int = 1, total: int = 100) -> list[str
     return [*rng.sample(pool, rng.randint(1, 4)), progress]
 
 
+def format_config(config: dict, prefix: str = PREFIX) -> str:
+    """verl's config print before the first step: ``pprint`` of the resolved config, one prefixed
+    line per row (with a newline)."""
+    return "".join(f"{prefix}{row}\n" for row in pprint.pformat(config).splitlines())
+
+
+def total_steps(config: dict) -> int:
+    """The total verl prints (``Total training steps: N``): the config's, else epochs x batches."""
+    trainer = config["trainer"]
+    return trainer["total_training_steps"] or STEPS_PER_EPOCH * trainer["total_epochs"]
+
+
+def write_hydra_config(path: str | Path, config: dict) -> None:
+    """Write ``config`` as hydra writes ``.hydra/config.yaml`` in the run's output folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+
 def _render(fmt: str, step: int, values: dict[str, float], style: str, noise: list[str]) -> str:
     line = format_jsonl(step, values) if fmt == "jsonl" else format_console(step, values, style)
     return "".join(f"{text}\n" for text in [*noise, line])
 
 
 def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int, noise: bool,
-            step_seconds: float | None, **run: object) -> Iterator[tuple[bool, str]]:
+            step_seconds: float | None, config: dict | None = None, **run: object) -> Iterator[tuple[bool, str]]:
     """(is a training step, text to append) for each step of a run, then, once ``steps`` steps are
-    out, what verl writes at the end: validation at the last step and, on the console, its end line.
+    out, what verl writes at the end: validation at the last step and, on the console, its end line
+    (both only where validation is configured, ``val_every`` > 0). On the console ``config`` is
+    printed first, with the total of training steps, as verl does.
     """
     noise_rng = random.Random(f"{seed}/noise")
     written, last_val = 0, None
+    if config is not None and fmt == "console":
+        yield False, format_config(config) + f"{PREFIX}Total training steps: {total_steps(config)}\n"
     for step, values in generate_steps(scenario, seed=seed, **run):
         if steps is not None and step > steps:
             break
@@ -110,6 +136,8 @@ def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int
         yield training, _render(fmt, step, values, style, extra)
     if steps is None or written < steps:
         return  # a stalled run: nothing more
+    if run.get("val_every", 10) <= 0:
+        return  # no validation: verl prints no final validation line either
     text = ""
     if last_val is None or last_val[0] != steps:
         last_val = (steps, validation_values(scenario, steps, seed=seed))
@@ -122,22 +150,32 @@ def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int
 def write_run(path: str | Path, scenario: str = "healthy", *, fmt: str = "jsonl", steps: int | None = None,
               interval: float = 1.0, seed: int = 0, algorithm: str = "ppo", realtime_timings: bool = True,
               stop_event: threading.Event | None = None, noise: bool = True, style: str = "full",
-              stall_after: int = 20, nan_after: int = 15, val_every: int = 10) -> int:
+              stall_after: int = 20, nan_after: int = 15, val_every: int = 10, print_config: bool = True,
+              hydra_config: str | Path | None = None, total: int | None = None) -> int:
     """Append a live run to ``path``, one step every ``interval`` seconds; return the steps written.
 
     Stops when ``stop_event`` is set, or after ``steps`` steps (then writes verl's final validation
-    and, on the console, its end line). A stalled run writes nothing more but keeps running until
-    ``stop_event`` is set or the time the remaining steps would have taken has passed.
-    With ``realtime_timings`` the timings say a step took ``interval`` seconds.
+    and, on the console, its end line, where validation is configured: ``val_every`` > 0). A stalled
+    run writes nothing more but keeps running until ``stop_event`` is set or the time the remaining
+    steps would have taken has passed. With ``realtime_timings`` the timings say a step took
+    ``interval`` seconds. The run is named as ``run_for`` names ``path`` (its folder and its stem);
+    a console run prints its config first (``print_config``), and ``hydra_config`` names a
+    ``config.yaml`` to write it to as hydra does. The config's ``trainer.total_training_steps`` is
+    ``total``, else ``steps``.
     """
     _check(scenario, algorithm, fmt, style)
     if interval < 0:
         raise ValueError(f"interval must be >= 0, not {interval!r}")
+    path = Path(path)
+    config = run_config(scenario, algorithm=algorithm, project=path.resolve().parent.name, experiment=path.stem,
+                        total_steps=total or steps, val_every=val_every)
+    if hydra_config is not None:
+        write_hydra_config(hydra_config, config)
     chunks = _chunks(scenario, fmt, style, steps=steps, seed=seed, noise=noise,
                      step_seconds=interval if realtime_timings and interval > 0 else None,
+                     config=config if print_config else None,
                      algorithm=algorithm, stall_after=stall_after, nan_after=nan_after, val_every=val_every)
     stop = stop_event or threading.Event()
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     with path.open("a", encoding="utf-8") as out:
@@ -187,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algorithm", default="ppo", choices=ALGORITHMS)
     parser.add_argument("--style", default="full", choices=STYLES, help="console value style")
+    parser.add_argument("--no-validation", action="store_true", help="a run without validation (no end line)")
+    parser.add_argument("--hydra-config", help="also write the run's config as hydra's .hydra/config.yaml here")
     parser.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     args = parser.parse_args(argv)
     if args.list_scenarios:
@@ -201,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     try:
         write_run(args.output, args.scenario, fmt=args.format, steps=args.steps, interval=args.interval,
-                  seed=args.seed, algorithm=args.algorithm, style=args.style)
+                  seed=args.seed, algorithm=args.algorithm, style=args.style,
+                  val_every=0 if args.no_validation else 10, hydra_config=args.hydra_config)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -18,6 +18,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import run_settings
 from .catalog import Catalog, Resolved
 from .records import Record, RunKey
 
@@ -41,6 +42,13 @@ class RunState:
     dropped_unremembered: int = 0  # values the cap refused once 100,000 distinct keys were remembered
     room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
+    # The run's length and settings: total from verl's "Total training steps" line (else from the
+    # config), the step at which it finished, its catalog settings and info labels.
+    total_steps: int | None = None
+    total_from_log: bool = False
+    finished_at: int | None = None
+    config: dict[str, float] = field(default_factory=dict)
+    config_info: dict[str, str] = field(default_factory=dict)
 
     def copy(self) -> "RunState":
         return RunState(
@@ -54,7 +62,25 @@ class RunState:
             dropped_unremembered=self.dropped_unremembered,
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
+            total_steps=self.total_steps,
+            total_from_log=self.total_from_log,
+            finished_at=self.finished_at,
+            config=dict(self.config),
+            config_info=dict(self.config_info),
         )
+
+    def finish(self, step: int) -> None:
+        """The run ended at ``step``: later records of steps up to it (another source of the same
+        run, a re-read file) leave it finished; a later step means it went on."""
+        self.finished = True
+        self.finished_at = step if self.finished_at is None else max(self.finished_at, step)
+
+    def reached_total(self, exactly: bool = True) -> None:
+        """Finished once the last step is the total (or, when the total has just become known, past it):
+        a step beyond a total already reached means the run went on with a larger one."""
+        total, step = self.total_steps, self.last_step
+        if total is not None and step is not None and (step == total or (not exactly and step > total)):
+            self.finish(step)
 
 
 @dataclass
@@ -99,15 +125,20 @@ class RunStore:
                     self._runs_dropped += 1
                     return
                 state = self._runs[record.run] = RunState(record.run)
+            if record.settings is not None or record.total_steps is not None:
+                self._describe(state, record)
+                return
             if record.source:
                 state.source = record.source
             if record.finished:
-                state.finished = True
+                state.finish(record.step)
                 return
             if record.step != state.last_step:
                 state.last_step = record.step
                 state.steps_ingested += 1
-                state.finished = False
+                if state.finished and record.step > state.finished_at:
+                    state.finished = False  # resumed with more steps
+                state.reached_total()
             state.last_step_time = record.time
             latest = state.values
             if len(latest) + len(values) <= self.max_series_per_run:
@@ -121,6 +152,17 @@ class RunStore:
                 for key, value in values.items():
                     if value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
+
+    def _describe(self, state: RunState, record: Record) -> None:
+        """Take a record about the run: its settings (config) and its length."""
+        if record.settings is not None:
+            state.config, state.config_info = run_settings.pick(self.catalog, record.settings)
+            configured = run_settings.total_steps(state.config)
+            if configured is not None and not state.total_from_log:
+                state.total_steps = configured
+        if record.total_steps is not None and record.total_steps >= 1:
+            state.total_steps, state.total_from_log = record.total_steps, True
+        state.reached_total(exactly=False)
 
     def _update_capped(self, state: RunState, values: dict) -> None:
         """Keys the catalog lists are always kept; keys outside it and keys of its families each

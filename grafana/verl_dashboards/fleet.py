@@ -46,6 +46,8 @@ def columns() -> list[tuple[str, str, str, list]]:
               f"or 0 * {RUN_SET}")
     return [
         ("Last step", latest("verl_training_last_step"), "none", steps(NEUTRAL)),
+        ("Progress", latest("project_experiment:verl_training_progress:ratio"), "percentunit", steps(NEUTRAL)),
+        ("Time left", latest("project_experiment:verl_training_time_left_seconds:estimate"), "s", steps(NEUTRAL)),
         ("Since last step", f"time() - {latest('verl_training_last_step_timestamp_seconds')}", "s",
          since_last_step_steps()),
         ("Score mean", latest("verl_critic_score_mean"), unit_of("verl_critic_score_mean"),
@@ -67,6 +69,8 @@ def runs_table() -> table.Panel:
         "Every run the exporters follow, one row each; click a row to open its run detail dashboard.",
         "Colours follow the catalog's healthy ranges:",
         *(spec(name).full_help() for name in ("verl_actor_ppo_kl", "verl_actor_pg_clipfrac", "verl_perf_throughput")),
+        "Progress is the last step over the run's total (verl's Total training steps); time left is the steps "
+        "to go times the mean step time of the last 30 minutes (recording rules; empty while the total is unknown).",
         f"Since last step turns orange after a slow step and red after {STALLED_AFTER_SECONDS} s (stalled);",
         "GPU utilization is the mean of the run's GPUs, joined on the exporter's instance.",
     ])

@@ -115,7 +115,7 @@ def test_messages_show_run_value_summary_fix_and_runbook(tmp_path):
     assert "Run gsm8k/ppo: VerlLearningRateTooHigh is 0.85" in firing
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in firing
     assert "Runbook: https://runbook#verllearningratetoohigh" in firing
-    assert resolved.startswith(" (warning, resolved)")
+    assert resolved.startswith(" (info, resolved)")
     summary = render_template(tmp_path, '{{ template "verl.pagerduty.summary" . }}', group)
     assert summary.strip().startswith("gsm8k/ppo: VerlLearningRateTooHigh - The learning rate is too high")
     assert "VerlStepSlow" not in summary

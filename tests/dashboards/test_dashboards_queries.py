@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 
 from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
-from servers import prom_query, start_exporter, start_prometheus, wait_until
+from servers import REPO, prom_query, start_exporter, start_prometheus, wait_until
 
 DASHBOARDS = load_dashboards()
 TEST_ALERT_RULES = """
@@ -34,14 +34,15 @@ def prometheus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard-queries")
     rules = tmp / "dashboard-test-alerts.yml"
     rules.write_text(TEST_ALERT_RULES)
+    recording = REPO / "prometheus" / "recording-rules.yml"  # the fleet table's progress and time left
     with start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
                         str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [rules.name],
+            "rule_files": [rules.name, recording.name],
             "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
         }
-        with start_prometheus(tmp, config, rule_files=[rules]) as prom:
+        with start_prometheus(tmp, config, rule_files=[rules, recording]) as prom:
             # Enough scrapes for rate() over $__rate_interval, a validation step, and the test alert firing.
             wait_until(lambda: prom_query(prom, "count_over_time(verl_gpu_ecc_errors_total[1m]) >= 4"),
                        timeout=40, message="four scrapes of the exporter")

@@ -18,16 +18,12 @@ import re
 import subprocess
 import sys
 import threading
-import urllib.parse
 
 import pytest
-import yaml
 
-from servers import REPO, http_get, prom_query, start_alertmanager, start_exporter, start_prometheus, wait_until
+from alerting_stack import AlertingStack, local
+from servers import REPO, http_get, prom_query, wait_until
 from verl_exporter import simulate
-
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local  # noqa: E402
 
 STEP_SECONDS = 0.2
 TIME_SCALE = STEP_SECONDS / 60
@@ -62,7 +58,7 @@ def test_demo_refuses_an_unknown_scenario(tmp_path):
     assert "invalid choice: 'no-such-scenario'" in result.stderr
 
 
-class Stack:
+class Stack(AlertingStack):
     def __init__(self, tmp_path):
         self.runs = tmp_path / "runs" / "e2e"
         self.stop_all = threading.Event()
@@ -72,18 +68,9 @@ class Stack:
             self._write("healthy.jsonl", "healthy", stop_event=self.stop_all),
             self._write("finished.log", "healthy", fmt="console", steps=FINISHED_STEPS, stop_event=self.stop_all),
         ]
-        self.receiver = local.Receiver().__enter__()
-        am_config = tmp_path / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
-        self.alertmanager = start_alertmanager(tmp_path, am_config)
-        self.exporter = start_exporter(
-            tmp_path, "--source", str(self.runs / "*.jsonl"), "--source", str(self.runs / "*.log"),
-            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1")
-        rules = local.write_rules(tmp_path / "rules", time_scale=TIME_SCALE, min_range=3)
-        config = local.prometheus_config(f"127.0.0.1:{self.exporter.port}", f"127.0.0.1:{self.alertmanager.port}",
-                                         rules, interval="1s")
-        # Prometheus learns its Alertmanager up to 5 s after start; alerts fired before are resent soon.
-        self.prometheus = start_prometheus(tmp_path, config, extra_args=["--rules.alert.resend-delay=2s"])
+        super().__init__(tmp_path, [
+            "--source", str(self.runs / "*.jsonl"), "--source", str(self.runs / "*.log"),
+            "--gpu.fake", "healthy:2", "--no-collector.host", "--source.poll-interval", "0.1"], time_scale=TIME_SCALE)
 
     def _write(self, name, scenario, **kwargs):
         thread = threading.Thread(target=simulate.write_run, args=(self.runs / name, scenario),
@@ -96,18 +83,13 @@ class Stack:
         """Payloads received on ``prefix`` that mention the run e2e/<experiment>."""
         return [p for p in self.receiver.received(prefix) if f"e2e/{experiment}" in json.dumps(p)]
 
-    def am_alerts(self, experiment: str) -> list[dict]:
-        query = urllib.parse.urlencode({"filter": f'experiment="{experiment}"'})
-        status, body = self.alertmanager.get(f"/api/v2/alerts?{query}")
-        assert status == 200, body
-        return json.loads(body)
+    def run_alerts(self, experiment: str) -> list[dict]:
+        return self.am_alerts(f'experiment="{experiment}"')
 
     def close(self):
         self.stop_all.set()
         self.stop_lr_run.set()
-        for server in (self.prometheus, self.alertmanager, self.exporter):
-            server.stop()
-        self.receiver.__exit__()
+        super().close()
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +141,7 @@ def test_stalled_run_pages_pagerduty_and_mutes_its_warnings(stack):
     assert page["links"][0]["href"].endswith("RUNBOOK.md#verltrainingstalled")
     # A critical alert of the run inhibits its warnings; the lr diagnosis inhibits its single-metric alerts.
     def warnings_muted():
-        alerts = {a["labels"]["alertname"]: a for a in stack.am_alerts("lr-too-high")}
+        alerts = {a["labels"]["alertname"]: a for a in stack.run_alerts("lr-too-high")}
         warnings = [a for a in alerts.values() if a["labels"]["severity"] == "warning"]
         return alerts if warnings and all(a["status"]["state"] == "suppressed" for a in warnings) else None
 
@@ -182,7 +164,7 @@ def test_healthy_and_finished_runs_notify_nothing(stack):
     assert fired == [], [r["metric"] for r in fired]
     for experiment in ("healthy", "finished"):
         assert stack.notifications("/", experiment) == []
-        assert stack.am_alerts(experiment) == []
+        assert stack.run_alerts(experiment) == []
 
 
 def test_fleet_recording_rules_count_runs_per_state(stack):

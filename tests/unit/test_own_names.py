@@ -55,6 +55,27 @@ def test_the_reserved_names_come_from_what_the_collectors_serve():
     assert {family.name for family in described} <= families
 
 
+def test_everything_the_exporter_registers_is_reserved(tmp_path):
+    """Drift guard: a collector cli.py registers, and did not tell own.py of, would fail here."""
+    from verl_exporter import config
+    from verl_exporter.cli import Exporter
+
+    run = tmp_path / "gsm8k" / "ppo.jsonl"
+    run.parent.mkdir()
+    run.write_text('{"step": 1, "data": {"actor/pg_loss": 0.5}}\n')
+    exporter = Exporter(config.load(["--source", str(run), "--gpu.fake", "healthy:1", "--job.pid", "1"]))
+    try:
+        exporter.ingestor.poll_all()
+        served = {sample.name for family in exporter.registry.collect() for sample in family.samples}
+        described = {family.name for family in exporter.registry.collect()}
+    finally:
+        for source in exporter.sources.values():
+            source.close()
+    assert "verl_gpu_up" in served and "verl_job_running" in served and "verl_actor_pg_loss" in served
+    own = {name for name in served | described if name != "verl_actor_pg_loss"}
+    assert own - OWN == set()
+
+
 def test_catalog_names_are_never_the_exporters_own():
     assert not CATALOG_NAMES & OWN
     assert not any(name.startswith(LOGGED_PREFIX) for name in CATALOG_NAMES)

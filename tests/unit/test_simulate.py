@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from verl_exporter import simulate
 from verl_exporter.simulate import (
@@ -63,8 +64,8 @@ def parse_console(line):
 
 
 def test_scenarios_are_described_and_unknown_ones_are_refused():
-    assert set(SCENARIOS) == {"healthy", "lr-too-high", "critic-underfit", "entropy-collapse", "truncation",
-                              "stall", "nan"}
+    assert set(SCENARIOS) == {"healthy", "healthy-grpo", "lr-too-high", "critic-underfit", "entropy-collapse",
+                              "truncation", "stall", "nan", "grad-spike", "rollout-mismatch"}
     assert all(SCENARIOS.values())
     with pytest.raises(ValueError, match="unknown scenario"):
         generate_steps("exploding")  # refused at the call, not at the first next()
@@ -164,6 +165,44 @@ def test_grpo_has_no_critic_keys_but_a_kl_loss():
     assert {"actor/kl_loss", "actor/kl_coef", "critic/score/mean", "critic/advantages/mean"} <= keys
     assert keys == PPO_KEYS - CRITIC_ONLY - {"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"} | {
         "actor/kl_loss", "actor/kl_coef"}
+
+
+def test_healthy_grpo_is_on_policy_grpo_whatever_the_algorithm_asked():
+    rows = training("healthy-grpo", 150)
+    assert not set(rows[0]) & CRITIC_ONLY and "actor/kl_loss" in rows[0]
+    assert all(0.0004 <= v <= 0.0012 for v in series(rows, "actor/pg_clipfrac"))
+    assert all(-1.2e-05 <= v <= -4e-06 for v in series(rows, "actor/ppo_kl"))
+    assert series(rows, "critic/score/mean")[-1] > 0.6
+    config = simulate.run_config("healthy-grpo", algorithm="ppo")
+    actor = config["actor_rollout_ref"]["actor"]
+    assert actor["ppo_epochs"] == 1 and actor["ppo_mini_batch_size"] == config["data"]["train_batch_size"]
+    assert config["algorithm"]["adv_estimator"] == "grpo"
+    ppo = simulate.run_config("healthy")
+    assert ppo["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] < ppo["data"]["train_batch_size"]
+
+
+def test_a_console_run_prints_its_config_and_total_first_as_verl_does(tmp_path):
+    path = tmp_path / "gsm8k" / "grpo.log"
+    write_run(path, "healthy-grpo", fmt="console", steps=3, interval=0, noise=False)
+    lines = path.read_text().splitlines()
+    first_step = next(i for i, line in enumerate(lines) if STEP_LINE.match(line))
+    assert lines[first_step - 1] == "(TaskRunner pid=1234) Total training steps: 3"
+    printed = "\n".join(line.removeprefix("(TaskRunner pid=1234) ") for line in lines[:first_step - 1])
+    config = ast.literal_eval(printed)
+    assert config["trainer"]["project_name"] == "gsm8k" and config["trainer"]["experiment_name"] == "grpo"
+    assert config["trainer"]["total_training_steps"] == 3
+
+
+def test_a_run_without_validation_prints_no_final_line_and_hydra_config_is_written(tmp_path):
+    path, hydra = tmp_path / "p" / "novalid.log", tmp_path / ".hydra" / "config.yaml"
+    write_run(path, fmt="console", steps=12, interval=0, val_every=0, hydra_config=hydra)
+    text = path.read_text()
+    assert "Final validation" not in text and "val-core" not in text
+    assert "Total training steps: 12" in text
+    config = yaml.safe_load(hydra.read_text())
+    assert config["trainer"]["test_freq"] == -1 and config["trainer"]["experiment_name"] == "novalid"
+    unbounded = simulate.run_config("healthy")
+    assert simulate.total_steps(unbounded) == simulate.STEPS_PER_EPOCH * unbounded["trainer"]["total_epochs"]
 
 
 def test_validation_is_a_separate_tuple_at_the_same_step():

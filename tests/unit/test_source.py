@@ -90,9 +90,11 @@ def test_flags_name_the_run(tmp_path):
 def test_console_log_with_finished_marker(tmp_path):
     shutil.copy(FIXTURES / "verl_console.log", tmp_path / "train.log")
     store = RecordingStore()
-    assert Source(str(tmp_path / "train.log"), store).poll() == 7
+    assert Source(str(tmp_path / "train.log"), store).poll() == 9
     assert store.errors == []
-    assert [(r.step, r.finished) for r in store.records] == [
+    config, total, *steps = store.records
+    assert config.settings["actor_rollout_ref.actor.clip_ratio"] == 0.2 and total.total_steps == 105
+    assert [(r.step, r.finished) for r in steps] == [
         (0, False), (1, False), (2, False), (3, False), (4, False), (5, False), (5, True)
     ]
     assert store.records[-1].values == {}

@@ -11,7 +11,12 @@ and per run::
     verl_training_last_step{project,experiment}                    last step seen
     verl_training_last_step_timestamp_seconds{project,experiment}  when it was seen (unix time)
     verl_training_steps_ingested_total{project,experiment}         steps read since the exporter started
-    verl_training_finished{project,experiment}                     1 once verl printed its end of training
+    verl_training_finished{project,experiment}                     1 once the run reached its last step or verl
+                                                                   printed its end of training
+    verl_training_total_steps{project,experiment}                  the run's length (verl's "Total training steps")
+    verl_run_config{project,experiment,key}                        the run's numeric settings (catalog.yaml's
+                                                                   ``settings``), key the dotted verl setting
+    verl_run_config_info{project,experiment,adv_estimator,model,rollout,strategy} 1
     verl_training_nonfinite_values_total{project,experiment,key}   NaN/Inf values seen per verl key
     verl_training_series_dropped_total{project,experiment}         keys dropped by the per-run series cap
     verl_training_run_info{project,experiment,source} 1
@@ -30,6 +35,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .. import run_settings
 from ..store import RunStore
 
 RUN_LABELS = ["project", "experiment"]
@@ -40,11 +46,19 @@ class TrainingCollector:
         self.store = store
 
     def describe(self) -> Iterable[Metric]:
-        return self._run_families().values()
+        return self._families().values()
+
+    def _families(self) -> dict[str, Metric]:
+        families = self._run_families()
+        families["config_info"] = GaugeMetricFamily(
+            "verl_run_config_info", "The run's string settings (verl's config) as labels.",
+            labels=RUN_LABELS + run_settings.info_labels(self.store.catalog))
+        return families
 
     def collect(self) -> Iterable[Metric]:
         snapshot = self.store.snapshot()
-        families = self._run_families()
+        families = self._families()
+        info_labels = run_settings.info_labels(self.store.catalog)
         logged: dict[str, GaugeMetricFamily] = {}
         for state in sorted(snapshot.runs, key=lambda s: s.run):
             run = [state.run.project, state.run.experiment]
@@ -56,6 +70,13 @@ class TrainingCollector:
             families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
             families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
             families["info"].add_metric(run + [state.source], 1.0)
+            if state.total_steps is not None:
+                families["total_steps"].add_metric(run, state.total_steps)
+            for key, value in sorted(state.config.items()):
+                families["config"].add_metric(run + [key], value)
+            if state.config_info:
+                families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels],
+                                                   1.0)
             for key, count in sorted(state.nonfinite.items()):
                 families["nonfinite"].add_metric(run + [key], count)
             for (name, label_values), (resolved, value) in state.series.items():
@@ -74,6 +95,9 @@ class TrainingCollector:
             families["source_up"].add_metric([source], 0.0 if reason else 1.0)
         families["runs"].add_metric([], len(snapshot.runs))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
+        for name in ("total_steps", "config", "config_info"):  # only where some run has them
+            if not families[name].samples:
+                del families[name]
         yield from families.values()
         yield from (logged[name] for name in sorted(logged))
 
@@ -89,8 +113,15 @@ class TrainingCollector:
                 "verl_training_steps_ingested", "Training steps read for the run since the exporter started.",
                 labels=RUN_LABELS),
             "finished": GaugeMetricFamily(
-                "verl_training_finished", "1 once verl reported the end of training for the run, else 0.",
+                "verl_training_finished",
+                "1 once the run reached its last step or verl reported the end of training, else 0.",
                 labels=RUN_LABELS),
+            "total_steps": GaugeMetricFamily(
+                "verl_training_total_steps", "Training steps the run will take (verl's Total training steps).",
+                labels=RUN_LABELS),
+            "config": GaugeMetricFamily(
+                "verl_run_config", "The run's numeric settings from its config; key is the dotted verl setting.",
+                labels=RUN_LABELS + ["key"]),
             "nonfinite": CounterMetricFamily(
                 "verl_training_nonfinite_values", "NaN or Inf values logged by the run, per verl key.",
                 labels=RUN_LABELS + ["key"]),

@@ -1,8 +1,9 @@
 """Sources: follow verl's log files and hand each step's values to the store as a Record.
 
-``Source`` reads one path or glob (FileLogger JSONL or console log), ``Ingestor`` polls every
-source on a daemon thread. The store only needs ``ingest(record)`` and
-``parse_error(source, reason)``.
+``Source`` reads one path or glob (FileLogger JSONL, console log, or a run's config file such as
+hydra's ``.hydra/config.yaml``), ``Ingestor`` polls every source on a daemon thread. The run's
+config and length travel as Records too (``settings``, ``total_steps``). The store only needs
+``ingest(record)`` and ``parse_error(source, reason)``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
@@ -23,13 +24,22 @@ from verl_exporter.sources.console import (
     parse_console_line,
 )
 from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.sources.run_config import (
+    MAX_CONFIG_CHARS,
+    ConfigPrint,
+    flatten,
+    is_verl_config,
+    parse_total_steps,
+    read_config_text,
+    run_names,
+)
 from verl_exporter.sources.tail import FileFollower
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "jsonl", "console")
+FORMATS = ("auto", "jsonl", "console", "config")
 _CONFIG_NAME = re.compile(r"'(project|experiment)_name': '([^'\\]+)'")  # in verl's printed config
 WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest are counted
 
@@ -46,10 +56,14 @@ class Store(Protocol):
 
 
 def format_for(path: str, fmt: str = "auto") -> str:
-    """``jsonl`` or ``console``: ``fmt`` itself unless it is ``auto``, then by the file's extension."""
+    """``jsonl``, ``console`` or ``config``: ``fmt`` itself unless it is ``auto``, then by the file's
+    extension (``.yaml``/``.yml``: a run's config, such as hydra's ``.hydra/config.yaml``)."""
     if fmt != "auto":
         return fmt
-    return "jsonl" if path.lower().endswith((".jsonl", ".json")) else "console"
+    lower = path.lower()
+    if lower.endswith((".yaml", ".yml")):
+        return "config"
+    return "jsonl" if lower.endswith((".jsonl", ".json")) else "console"
 
 
 def run_for(path: str, project: str | None = None, experiment: str | None = None) -> RunKey:
@@ -68,6 +82,9 @@ class _FileState:
     dropped: Callable[[str], None] | None = None  # counts a value the parsers left out, by reason
     last_step: int | None = None
     after_step: bool = False  # the previous console line was a step line (or its continuation)
+    config_print: ConfigPrint | None = None  # verl's config print, being read
+    config_lines: list[str] = field(default_factory=list)  # a config file's lines (fmt "config")
+    config_chars: int = 0
 
 
 class Source:
@@ -93,12 +110,13 @@ class Source:
         self.pattern = pattern
         self.store = store
         self.fmt = fmt
-        self.project = project
-        self.experiment = experiment
+        self.project = clean_text(project) if project else project  # a flag may hold surrogates
+        self.experiment = clean_text(experiment) if experiment else experiment
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
         self._files: dict[str, _FileState] = {}
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
+        self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -149,7 +167,7 @@ class Source:
                 self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
                 continue
             ingested += 1
-        return ingested
+        return ingested + self._read_config_files(written_at, now)
 
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
@@ -185,6 +203,10 @@ class Source:
             self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
+        if state.fmt == "config":
+            self._add_config_line(state, line)
+            self._grown[state.path] = state
+            return None
         if state.fmt == "jsonl":
             parsed = parse_jsonl_line(line, state.dropped)
             if parsed is None:
@@ -192,8 +214,16 @@ class Source:
             state.last_step = parsed[0]
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
+        if state.config_print is not None or "{'" in line:
+            record = self._config_print(state, line, now)
+            if record is not False:
+                return record
         if state.last_step is None and "_name': '" in line:
             self._name_run_from_config(state, line)
+        if "Total training steps:" in line:
+            total = parse_total_steps(line)
+            if total is not None:
+                return Record(state.run, state.last_step or 0, {}, now, source=state.path, total_steps=total)
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
         parsed = (parse_console_line(line, lazy=True, dropped=state.dropped)
@@ -210,6 +240,66 @@ class Source:
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
         return None
+
+    def _config_print(self, state: _FileState, line: str, now: float) -> Record | None | bool:
+        """A line of verl's config print: the run's settings once the print is complete, None while
+        it goes on; False for a line that is not part of one."""
+        if state.config_print is None:
+            state.config_print = ConfigPrint.start(line)
+            if state.config_print is None:
+                return False
+        try:
+            taken, config = state.config_print.feed(line)
+        except ParseError:
+            state.config_print = None
+            raise
+        if not taken:
+            if state.config_print.broken:
+                state.config_print = None
+                self._reject(state.path, "config print ends before its closing bracket", now)
+            return False
+        if config is None:
+            return None
+        state.config_print = None
+        flat = flatten(config)
+        if not is_verl_config(flat):
+            return None  # another dict printed at the start of a line: not the config
+        names = run_names(flat)
+        if names is not None and state.last_step is None:  # a config printed later: the same run
+            state.run = RunKey(self.project or names[0], self.experiment or names[1])
+        return Record(state.run, state.last_step or 0, {}, now, source=state.path, settings=flat)
+
+    def _add_config_line(self, state: _FileState, line: str) -> None:
+        state.config_chars += len(line) + 1
+        if state.config_chars <= MAX_CONFIG_CHARS + 1:
+            state.config_lines.append(line)
+
+    def _read_config_files(self, written_at: dict[str, float], now: float) -> int:
+        """Ingest the settings of each config file that grew in this poll; the records ingested."""
+        grown, self._grown = self._grown, {}
+        ingested = 0
+        for path, state in grown.items():
+            try:
+                self.store.ingest(self._config_file_record(state, written_at.get(path, now)))
+                ingested += 1
+            except ParseError as exc:
+                self._reject(path, str(exc), now)
+            except Exception as exc:
+                self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
+        return ingested
+
+    def _config_file_record(self, state: _FileState, now: float) -> Record:
+        """The settings of a config file (hydra's config.yaml, or a saved config print), read again
+        whenever it grew; the run is the config's trainer.project_name / experiment_name."""
+        if state.config_chars > MAX_CONFIG_CHARS:
+            raise ParseError(f"config file larger than {MAX_CONFIG_CHARS} characters")
+        flat = flatten(read_config_text("\n".join(state.config_lines)))
+        names = run_names(flat)
+        if names is None and not (self.project and self.experiment):
+            raise ParseError("not a verl config: no trainer.project_name and trainer.experiment_name")
+        project, experiment = names or (self.project, self.experiment)
+        state.run = RunKey(self.project or project, self.experiment or experiment)
+        return Record(state.run, 0, {}, now, source=state.path, settings=flat)
 
     def _name_run_from_config(self, state: _FileState, line: str) -> None:
         """verl prints its config before the first step; its trainer.project_name and

@@ -1,0 +1,143 @@
+"""Training-inference mismatch: the rollout engine (vLLM, SGLang) and the trainer (FSDP, Megatron)
+disagree on the policy's probabilities, or asynchronous training trains on stale rollouts.
+
+verl logs the mismatch when ``actor_rollout_ref.rollout.calculate_log_probs=True`` (0.5 and
+later): ``training/rollout_probs_diff_*`` and ``training/rollout_actor_probs_pearson_corr``, and,
+with rollout correction configured (``algorithm.rollout_correction``), ``rollout_corr/*`` (also
+logged by the actor as ``actor/rollout_corr/*`` in bypass mode). Fully asynchronous training logs
+``training/off_policy/*``. Thresholds follow verl's documentation:
+
+- docs/algo/rollout_corr.md (Rollout Correction): |KL| above 0.1 is a significant off-policy gap,
+  ``chi2_token`` above 1 a severe distribution shift, a mean IS weight outside 0.5-2 or an effective
+  sample size below 0.3 (IS weight std above 1) need attention; its Troubleshooting section gives the
+  fixes quoted below. The perplexity ratio's bound is the same KL bound: log(ppl_ratio) is the mean
+  log-probability gap per token.
+- docs/ascend_tutorial/en/dev_guide/model_dev/transfer_to_npu_guide.md (Precision Alignment): keep
+  ``training/rollout_probs_diff_mean`` within 0.01.
+- the V1 async trainer's documentation: ``trainer.v1.sampler.max_off_policy_threshold`` (default 8
+  model versions) bounds a trajectory's staleness before it is dropped or waited for.
+"""
+
+from __future__ import annotations
+
+from .model import NUMBER, RUN, Alert, Group
+
+THRESHOLDS = {
+    "probs_diff_mean": 0.01,     # verl's precision guide: keep the mean within 0.01
+    "probs_diff_max": 0.8,       # a token near-certain in one engine and unlikely in the other
+    "pearson_min": 0.9,          # healthy runs log about 0.999
+    "kl": 0.1,                   # rollout_corr.md: |kl| > 0.1 is a significant off-policy gap
+    "chi2": 1.0,                 # rollout_corr.md: chi2_token > 1 is a severe distribution shift
+    "is_mean_min": 0.5,          # rollout_corr.md: mean IS weight far from 1
+    "is_mean_max": 2.0,
+    "ess_min": 0.3,              # rollout_corr.md: effective sample size too low
+    "is_std_max": 1.0,           # rollout_corr.md: IS weight spread too high
+    "staleness_max": 8.0,        # trainer.v1.sampler.max_off_policy_threshold's default
+}
+EXTRA = {"mismatch": THRESHOLDS}
+CORR = "verl_(actor_)?rollout_corr_"  # ray_trainer logs rollout_corr/*, the bypass-mode actor actor/rollout_corr/*
+DOC = "verl's docs/algo/rollout_corr.md"
+DOC_LINK = "[verl's Rollout Correction guide](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md)"
+PRECISION_LINK = ("[verl's NPU migration guide, Precision Alignment](https://github.com/verl-project/verl/blob/main/"
+                  "docs/ascend_tutorial/en/dev_guide/model_dev/transfer_to_npu_guide.md)")
+ENABLE = "`actor_rollout_ref.rollout.calculate_log_probs=True`"
+
+
+def corr(name: str) -> str:
+    return f'{{__name__=~"{CORR}{name}"}}'
+
+
+MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference mismatch and off-policy data", (
+    Alert(
+        "VerlRolloutProbsDiffHigh", "warning",
+        "verl_training_rollout_probs_diff_mean > ${mismatch:probs_diff_mean}", "15m",
+        "The rollout engine and the trainer disagree on token probabilities.",
+        f"Run {RUN}: training/rollout_probs_diff_mean is {NUMBER}, above ${{mismatch:probs_diff_mean}}.",
+        "`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
+        "rollout engine gave each sampled token and the one the trainer recomputes. "
+        f"{PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
+        "different hyperparameters such as an `eps`) and the policy gradient is biased; this mismatch is a "
+        "known cause of RL collapse.",
+        "Compare rollout and trainer precision and versions (dtype, vLLM/SGLang kernels, MoE routing: use "
+        "routing replay for MoE models); enable rollout correction "
+        f"(`algorithm.rollout_correction`, see {DOC}), e.g. the `bypass_ppo_clip` preset."),
+    Alert(
+        "VerlRolloutProbsDiffMaxHigh", "info",
+        "verl_training_rollout_probs_diff_max > ${mismatch:probs_diff_max}", "30m",
+        "Some tokens get very different probabilities in rollout and training.",
+        f"Run {RUN}: training/rollout_probs_diff_max is {NUMBER}, above ${{mismatch:probs_diff_max}}, for "
+        "30 minutes.",
+        "The largest per-token probability difference stays near 1: some tokens are near-certain in one "
+        f"engine and unlikely in the other ({PRECISION_LINK} names this extreme case). A few such "
+        "tokens can dominate the importance ratios.",
+        f"Enable rejection sampling of outliers (`algorithm.rollout_correction.rollout_rs`, see {DOC}); "
+        "check the tokenizer and chat template are the same for rollout and training."),
+    Alert(
+        "VerlRolloutActorProbsUncorrelated", "warning",
+        "verl_training_rollout_actor_probs_pearson_corr < ${mismatch:pearson_min}", "15m",
+        "Rollout and trainer log-probabilities are poorly correlated.",
+        f"Run {RUN}: training/rollout_actor_probs_pearson_corr is {NUMBER}, below ${{mismatch:pearson_min}}.",
+        "The Pearson correlation between the rollout engine's and the trainer's log-probabilities of the "
+        "sampled tokens is about 0.999 in healthy runs. Well below, the tokens that reach training are not "
+        "the ones the policy sampled (misaligned token ids, a different template) or the engines differ.",
+        f"Check that rollout log-probs are passed with their tokens ({ENABLE}); compare the rollout and "
+        "training tokenization; then the precision of both engines."),
+    Alert(
+        "VerlRolloutOffPolicyGap", "warning",
+        f"abs({corr('kl')}) > ${{mismatch:kl}} or {corr('k3_kl')} > ${{mismatch:kl}}"
+        f" or abs(ln({corr('ppl_ratio')})) > ${{mismatch:kl}}", "15m",
+        "The rollout policy and the training policy have drifted apart (rollout KL too large).",
+        f"Run {RUN}: the KL between rollout and training policy (rollout_corr/kl, k3_kl or the log of "
+        f"ppl_ratio) is {NUMBER}, beyond ${{mismatch:kl}}.",
+        f"{DOC_LINK} calls a KL between the rollout policy and the training policy above 0.1 a significant "
+        "off-policy gap. `k3_kl` estimates the same KL more stably; `ppl_ratio` is exp of the mean log "
+        "probability gap, so its log is held to the same bound.",
+        "Follow the Rollout Correction guide: start with bypass mode and rejection sampling "
+        "(`algorithm.rollout_correction.rollout_rs`), then IS weights (`rollout_is: sequence`); verify the "
+        "rollout and training engines are not too different (precision, versions, stale weights)."),
+    Alert(
+        "VerlRolloutChiSquaredHigh", "warning",
+        f"{corr('chi2_token')} > ${{mismatch:chi2}}", "15m",
+        "The rollout and training distributions have shifted severely (chi-squared).",
+        f"Run {RUN}: rollout_corr/chi2_token is {NUMBER}, above ${{mismatch:chi2}}.",
+        f"`chi2_token` is the second moment of the token IS weights minus 1; {DOC_LINK} reads above 1.0 as a "
+        "severe distribution shift: the IS-weighted gradient has a very high variance.",
+        "Tighten `algorithm.rollout_correction.rollout_is_threshold`, switch from sequence to geometric "
+        "rejection sampling, and check why rollout and training differ."),
+    Alert(
+        "VerlRolloutIsWeightsOffCenter", "warning",
+        f"{corr('rollout_is_mean')} < ${{mismatch:is_mean_min}} or {corr('rollout_is_mean')} > ${{mismatch:is_mean_max}}",
+        "15m",
+        "The mean importance-sampling weight is far from 1.",
+        f"Run {RUN}: rollout_corr/rollout_is_mean is {NUMBER}, outside ${{mismatch:is_mean_min}}-"
+        "${mismatch:is_mean_max}.",
+        f"A mean IS weight close to 1 means little off-policy gap; {DOC_LINK} flags below 0.5 or above 2.0 as a "
+        "significant, systematic distribution shift, most often a setup error.",
+        f"As the guide's troubleshooting says: verify {ENABLE}, check that the rollout log-probs are passed "
+        "correctly, then look for a systematic shift between the engines."),
+    Alert(
+        "VerlRolloutIsWeightsConcentrated", "warning",
+        f"{corr('rollout_is_eff_sample_size')} < ${{mismatch:ess_min}} or {corr('rollout_is_std')} > ${{mismatch:is_std_max}}",
+        "15m",
+        "Importance-sampling weights concentrate on few samples.",
+        f"Run {RUN}: the IS weights' effective sample size (fraction of the batch) or std is {NUMBER}: below "
+        "${mismatch:ess_min} or above ${mismatch:is_std_max}.",
+        f"{DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
+        "samples carry most of the gradient (high spread in IS weights).",
+        "Switch `algorithm.rollout_correction` from `sequence` to `geometric` level, tighten the thresholds, "
+        "and verify rollout and training are not too different."),
+    Alert(
+        "VerlRolloutTrajectoriesStale", "warning",
+        "verl_training_off_policy_trajectory_staleness_worst_max >= ${mismatch:staleness_max}", "15m",
+        "Asynchronous training trains on very stale trajectories.",
+        f"Run {RUN}: the stalest trajectory was generated {NUMBER} model versions before the one trained.",
+        "`training/off_policy/trajectory_staleness_worst/*` is the gap between the oldest model version "
+        "used by a trajectory and the version being trained. At the V1 async trainer's default "
+        "`max_off_policy_threshold` of 8 versions trajectories are dropped or waited for; staleness "
+        "this large makes the data off-policy enough to need correction.",
+        "Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
+        "(`parameter_sync_step`); enable rollout correction; give rollout more resources if the trainer "
+        "outpaces it."),
+), training=True)
+
+GROUPS = (MISMATCH,)

@@ -1,0 +1,54 @@
+"""The run's settings as the rules use them.
+
+verl's config reaches Prometheus as ``verl_run_config{project, experiment, key}`` (the exporter reads
+it from the config verl prints, hydra's config.yaml or ``--run.config``). The recording rules here
+give each run one series per setting a rule needs: the run's own value, or, for a run whose config
+the exporter does not know, verl's default from the catalog's ``settings`` section
+(``${setting:KEY}``). They live beside the alerts that use them (verl-training.rules.yml), so the
+alert files work without prometheus/recording-rules.yml.
+
+Descriptions quote a setting with ``quote``: the run's value, or a text for a run whose config is
+unknown.
+"""
+
+from __future__ import annotations
+
+RULE_FILE = "verl-training.rules.yml"
+ACTOR_GRAD_CLIP = "run:verl_actor_grad_clip:setting"
+CRITIC_GRAD_CLIP = "run:verl_critic_grad_clip:setting"
+# A lower bound of the policy updates per rollout: ppo_epochs x mini-batches per batch, or what of
+# it is known. Absent for a run whose config is unknown.
+POLICY_UPDATES = "run:verl_policy_updates_per_rollout:setting"
+
+ACTOR = "actor_rollout_ref.actor"
+
+
+def setting(key: str) -> str:
+    """The run's own value of a verl setting (no series for a run whose config is unknown)."""
+    return f'max without(key) (verl_run_config{{key="{key}"}})'
+
+
+def setting_or_default(key: str) -> str:
+    """The run's own value of a setting, else verl's default (``${setting:KEY}`` of the catalog)."""
+    return f"{setting(key)} or (0 * verl_training_last_step + ${{setting:{key}}})"
+
+
+def quote(key: str, missing: str) -> str:
+    """Alert template text: the run's value of ``key``, or ``missing`` for a run of unknown config."""
+    selector = f'verl_run_config{{key="{key}",project=%q,experiment=%q}}'
+    return ("{{ with printf `" + selector + "` $labels.project $labels.experiment | query }}"
+            '{{ . | first | value | printf "%.4g" }}{{ else }}' + missing + "{{ end }}")
+
+
+def recording_groups() -> list[dict]:
+    """The settings the rules of verl-training.rules.yml use, one series per run."""
+    epochs = setting(f"{ACTOR}.ppo_epochs")
+    batches = f'ceil({setting("data.train_batch_size")} / {setting(f"{ACTOR}.ppo_mini_batch_size")})'
+    return [{
+        "name": "verl-run-settings",
+        "rules": [
+            {"record": ACTOR_GRAD_CLIP, "expr": setting_or_default(f"{ACTOR}.grad_clip")},
+            {"record": CRITIC_GRAD_CLIP, "expr": setting_or_default("critic.grad_clip")},
+            {"record": POLICY_UPDATES, "expr": f"{epochs} * {batches} or {epochs} or {batches}"},
+        ],
+    }]

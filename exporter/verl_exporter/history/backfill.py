@@ -1,0 +1,273 @@
+"""``verl-exporter backfill``: a run's whole history as the samples Prometheus would have scraped.
+
+Every step of the given logs goes, in time order, through the exporter's own ``RunStore`` and
+``TrainingCollector``, so names, labels, units and HELP are those the live exporter serves,
+``verl_training_last_step`` and the step clock included. The series are then written as they
+would have been scraped: one sample per scrape interval (15 s, as ``prometheus/prometheus.yml``)
+from the first step to the last (or ``--until``), each holding the latest value, with the target
+labels ``job`` and ``instance`` that Prometheus adds. The output is OpenMetrics with timestamps;
+``promtool tsdb create-blocks-from openmetrics`` turns it into TSDB blocks, run here when
+promtool is on PATH (otherwise the command is printed). How each step's time is found: see
+``timeline``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import glob
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prometheus_client.utils import floatToGoString
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.records import RunKey
+from verl_exporter.sources import FORMATS
+from verl_exporter.store import RunStore
+
+from .timeline import DEFAULT_STEP_SECONDS, FileTimeline, read_file, split_timestamp
+
+SCRAPE_INTERVAL = 15.0
+OPENMETRICS_FILE = "backfill.om"
+BLOCKS_DIR = "blocks"
+HELP_NOTE = (" Backfilled from the log: step times are the lines' own timestamps where they have them,"
+             " else reconstructed backwards from the file's modification time by timing_s/step.")
+
+SeriesId = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
+
+
+@dataclass
+class History:
+    """What the live exporter would have served over a run: each series' values as they changed."""
+
+    families: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (type, help)
+    series: dict[SeriesId, list[tuple[float, float]]] = field(default_factory=dict)
+    steps: dict[RunKey, list[tuple[float, int]]] = field(default_factory=dict)  # each run's step clock
+    timelines: list[FileTimeline] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+
+    def step_at(self, run: RunKey, moment: float) -> int | None:
+        """The run's last step logged at or before ``moment``."""
+        clock = self.steps.get(run, [])
+        index = bisect.bisect_right(clock, (moment, math.inf))
+        return clock[index - 1][1] if index else None
+
+    def grid(self, interval: float) -> list[float]:
+        """The scrape times: every ``interval`` from the first step, and the end."""
+        count = int((self.end - self.start) // interval)
+        times = [round(self.start + k * interval, 3) for k in range(count + 1)]
+        if times[-1] < round(self.end, 3):
+            times.append(round(self.end, 3))
+        return times
+
+
+def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, experiment: str | None = None,
+          until: float | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS) -> History:
+    """Read ``paths`` and replay their steps through a RunStore, in time order."""
+    history = History()
+    events = []
+    for index, path in enumerate(paths):
+        timeline = read_file(path, fmt=fmt, project=project, experiment=experiment,
+                             default_step_seconds=default_step_seconds)
+        history.timelines.append(timeline)
+        events += [(step.time, index, order, step) for order, step in enumerate(timeline.steps)]
+    if not events:
+        raise ValueError("no training steps in " + ", ".join(paths))
+    events.sort(key=lambda event: event[:3])
+    store = RunStore(default_catalog())
+    collector = TrainingCollector(store)
+    latest: dict[SeriesId, float] = {}
+    position = 0
+    while position < len(events):
+        moment = events[position][0]
+        while position < len(events) and events[position][0] == moment:
+            _, index, _, step = events[position]
+            for reason in step.errors:
+                store.parse_error(paths[index], reason)
+            for record in step.records:
+                store.ingest(record)
+                if not record.finished:
+                    clock = history.steps.setdefault(record.run, [])
+                    if not clock or clock[-1][1] != record.step:
+                        clock.append((moment, record.step))
+            position += 1
+        _record_changes(history, collector, latest, moment)
+    history.start = events[0][0]
+    history.end = max(events[-1][0], until if until is not None else -math.inf)
+    return history
+
+
+def _record_changes(history: History, collector: TrainingCollector, latest: dict, moment: float) -> None:
+    for family in collector.collect():
+        if family.name not in history.families:
+            history.families[family.name] = (family.type, family.documentation)
+        for sample in family.samples:
+            key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+            value = float(sample.value)
+            before = latest.get(key)
+            if before is not None and (before == value or (math.isnan(before) and math.isnan(value))):
+                continue
+            latest[key] = value
+            history.series.setdefault(key, []).append((moment, value))
+
+
+def escape(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
+                      instance: str = "backfill") -> int:
+    """Write the history as OpenMetrics with a timestamp on every sample; return the samples written."""
+    grid = history.grid(interval)
+    target = (("instance", instance), ("job", job))
+    written = 0
+    by_family: dict[str, list[SeriesId]] = {}
+    for key in history.series:
+        by_family.setdefault(key[0], []).append(key)
+    for name, (kind, documentation) in history.families.items():
+        keys = by_family.get(name)
+        if not keys:
+            continue
+        out.write(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
+        for key in sorted(keys):
+            labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target))
+            prefix = f"{key[1]}{{{labels}}} "
+            changes = history.series[key]
+            position, value = 0, None
+            lines = []
+            for moment in grid:
+                while position < len(changes) and changes[position][0] <= moment:
+                    value = changes[position][1]
+                    position += 1
+                if value is not None:
+                    lines.append(f"{prefix}{floatToGoString(value)} {moment:.3f}\n")
+            out.writelines(lines)
+            written += len(lines)
+    out.write("# EOF\n")
+    return written
+
+
+def promtool_command(openmetrics: Path, blocks: Path, promtool: str = "promtool") -> list[str]:
+    return [promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(blocks)]
+
+
+def create_blocks(openmetrics: Path, blocks: Path, promtool: str) -> None:
+    """Run promtool over the OpenMetrics file; RuntimeError with promtool's output if it fails."""
+    blocks.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(promtool_command(openmetrics, blocks, promtool), capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"promtool failed ({result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}")
+
+
+def parse_time(text: str) -> float:
+    """``now``, unix seconds or an RFC 3339 time, as unix seconds."""
+    if text == "now":
+        return time.time()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    moment, rest = split_timestamp(text)
+    if moment is None or rest.strip():
+        raise ValueError(f"not a time: {text!r} (want now, unix seconds or RFC 3339)")
+    return moment
+
+
+def expand(patterns: list[str]) -> list[str]:
+    """The files the SOURCE arguments name (paths or globs); ValueError for one that names none."""
+    paths: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matches = [path for path in matches if Path(path).is_file()]
+        if not matches:
+            raise ValueError(f"no such file: {pattern}")
+        paths += [path for path in matches if path not in paths]
+    return paths
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``backfill`` and ``replay`` share."""
+    parser.add_argument("sources", nargs="+", metavar="SOURCE", help="verl JSONL or console log (path or glob)")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="log format (auto: by extension)")
+    parser.add_argument("--project", help="project label (default: from the config verl printed, else the folder)")
+    parser.add_argument("--experiment", help="experiment label (default: from the config, else the file name)")
+    parser.add_argument("--until", type=parse_time, metavar="TIME",
+                        help="keep serving the last values until TIME (now, unix seconds or RFC 3339), "
+                             "as a live exporter would after the last step")
+    parser.add_argument("--scrape-interval", type=float, default=SCRAPE_INTERVAL, metavar="SECONDS",
+                        help="seconds between the reconstructed scrapes (default 15)")
+    parser.add_argument("--job", default="verl", help="the job label Prometheus would add")
+    parser.add_argument("--instance", default="backfill", help="the instance label Prometheus would add")
+
+
+def build_from_args(args: argparse.Namespace) -> History:
+    return build(expand(args.sources), fmt=args.format, project=args.project, experiment=args.experiment,
+                 until=args.until)
+
+
+def backfill(args: argparse.Namespace, output: Path, *, blocks: bool = True) -> tuple[History, Path, int]:
+    """Write ``output``/backfill.om and, when asked and promtool is found, ``output``/blocks/."""
+    history = build_from_args(args)
+    output.mkdir(parents=True, exist_ok=True)
+    openmetrics = output / OPENMETRICS_FILE
+    with openmetrics.open("w", encoding="utf-8") as out:
+        samples = write_openmetrics(history, out, interval=args.scrape_interval, job=args.job,
+                                    instance=args.instance)
+    if blocks:
+        create_blocks(openmetrics, output / BLOCKS_DIR, args.promtool)
+    return history, openmetrics, samples
+
+
+def describe(history: History) -> str:
+    """One line per file: its runs, steps, time span and how the times were found."""
+    lines = []
+    for timeline in history.timelines:
+        if not timeline.steps:
+            lines.append(f"{timeline.path}: no steps")
+            continue
+        first, last = timeline.steps[0], timeline.steps[-1]
+        runs = sorted({f"{r.run.project}/{r.run.experiment}" for s in timeline.steps for r in s.records})
+        lines.append(f"{timeline.path}: {', '.join(runs)}: {len(timeline.steps)} steps ({first.step}-{last.step}), "
+                     f"{iso(first.time)} to {iso(last.time)}, times from {timeline.method}")
+    return "\n".join(lines)
+
+
+def iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="verl-exporter backfill",
+        description="Write every step of verl logs as timestamped samples (OpenMetrics) and TSDB blocks.")
+    add_source_arguments(parser)
+    parser.add_argument("--output", required=True, type=Path, metavar="DIR",
+                        help=f"folder for {OPENMETRICS_FILE} and the blocks ({BLOCKS_DIR}/)")
+    parser.add_argument("--no-blocks", action="store_true", help="only write OpenMetrics; print the promtool line")
+    parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
+    args = parser.parse_args(argv)
+    if args.scrape_interval <= 0:
+        parser.error("--scrape-interval must be > 0")
+    make_blocks = not args.no_blocks and bool(args.promtool)
+    try:
+        history, openmetrics, samples = backfill(args, args.output, blocks=make_blocks)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"verl-exporter backfill: error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(history))
+    print(f"wrote {samples} samples of {len(history.series)} series to {openmetrics}")
+    blocks = args.output / BLOCKS_DIR
+    if make_blocks:
+        print(f"wrote TSDB blocks to {blocks}/: copy them into Prometheus' --storage.tsdb.path (see README)")
+    else:
+        print("make TSDB blocks with: " + " ".join(promtool_command(openmetrics, blocks)))
+    return 0

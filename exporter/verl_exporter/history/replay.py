@@ -1,0 +1,330 @@
+"""``verl-exporter replay``: which alerts would have fired over a run's history, and when.
+
+How the rules are evaluated, and why so:
+
+1. The logs are backfilled (``backfill``) into TSDB blocks in a temporary folder, and a real
+   Prometheus (the one on PATH) is started on a free loopback port over them.
+2. The recording rules that the alerts read are evaluated the way a rule group does, as a range
+   query stepping at the group's interval over the whole history (what ``promtool tsdb
+   create-blocks-from rules`` does too, but on the same evaluation times as the alerts below, so
+   every recorded sample is where an alert evaluation looks for it), written back as blocks, and
+   Prometheus is restarted over them. A recording rule that reads another recording rule sees
+   nothing of it (keep such rules one level deep, as promtool requires).
+3. Alerting rules cannot be backfilled: promtool ignores them (2.42: "Alerting rules are not
+   evaluated"), so it cannot honour ``for``, and Prometheus' rule manager only evaluates at the
+   present time. So each alert's expression is run as a range query over the whole history with
+   the step set to the group's evaluation interval (the last evaluation at the last sample), which
+   is exactly an instant query at each evaluation time, and Prometheus' alert state machine
+   (rules/alerting.go) is applied to the result here: a label set that appears becomes pending at that evaluation; it fires at the first
+   evaluation at least ``for`` after it became active (at once when ``for`` is 0); it resolves at
+   the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
+   keeps it firing; the alert's labels are the series' without ``__name__``, plus the rule's.
+   Evaluations cover the whole history, as if Prometheus had been running since the run started.
+   The alerts read recorded series as ``last_over_time(name[interval])``: see ``read_fresh``.
+
+Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
+which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
+would have fired, else 0; 2 on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from verl_exporter.records import RunKey
+
+from prometheus_client.utils import floatToGoString
+
+from .backfill import (History, add_source_arguments, build_from_args, create_blocks, escape, iso,
+                       write_openmetrics)
+from .prometheus import Prometheus
+
+REPO = Path(__file__).resolve().parents[3]
+EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
+
+
+def shipped_rules() -> list[Path]:
+    """The alert and recording rules of this repository (alerts/*.rules.yml, prometheus/recording-rules.yml)."""
+    files = sorted((REPO / "alerts").glob("*.rules.yml"))
+    recording = REPO / "prometheus" / "recording-rules.yml"
+    return files + ([recording] if recording.is_file() else [])
+
+
+@dataclass
+class AlertRule:
+    name: str
+    expr: str
+    interval: float
+    hold: float = 0.0
+    keep_firing: float = 0.0
+    labels: dict = field(default_factory=dict)
+    summary: str = ""
+
+
+@dataclass
+class Period:
+    state: str  # pending or firing
+    start: float
+    end: float
+
+
+@dataclass
+class AlertHistory:
+    """One alert (rule and label set) over the replayed range."""
+
+    rule: AlertRule
+    labels: dict
+    periods: list[Period] = field(default_factory=list)
+
+    @property
+    def fired(self) -> bool:
+        return any(period.state == "firing" for period in self.periods)
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "")
+
+    @property
+    def run(self) -> RunKey | None:
+        if "project" in self.labels and "experiment" in self.labels:
+            return RunKey(self.labels["project"], self.labels["experiment"])
+        return None
+
+
+def parse_duration(text: str | None) -> float:
+    """Seconds of a Prometheus duration (``90s``, ``1h30m``, ``0``)."""
+    if not text:
+        return 0.0
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    total, number = 0.0, ""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char.isdigit():
+            number += char
+            index += 1
+            continue
+        unit = "ms" if text.startswith("ms", index) else char
+        if unit not in units or not number:
+            raise ValueError(f"not a duration: {text!r}")
+        total += int(number) * units[unit]
+        number, index = "", index + len(unit)
+    if number:
+        if total or number != "0":
+            raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL) -> tuple[list[AlertRule], list[dict]]:
+    """The alerting rules of ``paths``, and the groups of the recording rules they read."""
+    alerts, recording = [], []
+    for path in paths:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        for group in data.get("groups") or []:
+            interval = parse_duration(group.get("interval")) or default_interval
+            records = [entry for entry in group.get("rules") or [] if "record" in entry]
+            if records:
+                recording.append({"name": group["name"], "interval": f"{interval:g}s", "rules": records})
+            for entry in group.get("rules") or []:
+                if "alert" in entry:
+                    alerts.append(AlertRule(
+                        entry["alert"], entry["expr"], interval, parse_duration(entry.get("for")),
+                        parse_duration(entry.get("keep_firing_for")), dict(entry.get("labels") or {}),
+                        (entry.get("annotations") or {}).get("summary", "")))
+    return alerts, _read_by(alerts, recording)
+
+
+def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
+    """The recording rules the alerts read (the others cannot change what the alerts do)."""
+    exprs = "\n".join(rule.expr for rule in alerts)
+    needed = []
+    for group in groups:
+        rules = [entry for entry in group["rules"]
+                 if re.search(rf"(?<![\w:]){re.escape(entry['record'])}(?![\w:])", exprs)]
+        if rules:
+            needed.append(group | {"rules": rules})
+    return needed
+
+
+def read_fresh(expr: str, groups: list[dict]) -> str:
+    """``expr`` reading each recorded series as ``last_over_time(name[interval])``: the sample of its
+    group's latest evaluation only. Live, a series a rule stops producing is marked stale and gone at
+    once; backfilled blocks hold no staleness markers, so without this its last sample would linger
+    for the 5 minute lookback."""
+    for group in groups:
+        for name in {entry["record"] for entry in group["rules"]}:
+            pattern = rf"(?<![\w:]){re.escape(name)}(\{{[^}}]*\}})?(?![\w:])(?!\s*\[)"
+            expr = re.sub(pattern, lambda m: f"last_over_time({m.group(0)}[{group['interval']}])", expr)
+    return expr
+
+
+def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
+    """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}."""
+    histories: dict[tuple, AlertHistory] = {}
+    active: dict[tuple, dict] = {}  # label set -> since, fired (time or None), seen, cleared
+    last = times[0] if times else 0.0
+    for moment in times:
+        present = [key for key, points in samples.items() if moment in points]
+        for key in present:
+            alert = active.setdefault(key, {"since": moment, "fired": None, "pending_end": moment})
+            alert["seen"], alert["cleared"] = moment, None
+        for key, alert in list(active.items()):
+            if alert["seen"] != moment:  # keep_firing_for counts from the first evaluation without it
+                alert["cleared"] = alert["cleared"] if alert["cleared"] is not None else moment
+                if not (alert["fired"] is not None and moment - alert["cleared"] < rule.keep_firing):
+                    _close(histories, rule, key, alert, last)
+                    del active[key]
+                continue
+            if alert["fired"] is None:
+                if moment - alert["since"] >= rule.hold:
+                    alert["fired"] = moment
+                else:
+                    alert["pending_end"] = moment
+        last = moment
+    for key, alert in active.items():
+        _close(histories, rule, key, alert, last)
+    return list(histories.values())
+
+
+def _close(histories: dict, rule: AlertRule, key: tuple, alert: dict, end: float) -> None:
+    """Add one activation of an alert: pending from ``since``, firing from ``fired`` to ``end``."""
+    history = histories.setdefault(key, AlertHistory(rule, dict(key) | rule.labels))
+    fired = alert["fired"]
+    if fired is None or fired > alert["since"]:
+        history.periods.append(Period("pending", alert["since"], end if fired is None else alert["pending_end"]))
+    if fired is not None:
+        history.periods.append(Period("firing", fired, end))
+
+
+def replay(history: History, rule_files: list[Path], workdir: Path, *, interval: float,
+           prometheus: str, promtool: str) -> tuple[list[AlertHistory], int]:
+    """Every alert's history over ``history``, and the number of alerting rules evaluated."""
+    alerts, recording = load_rules(rule_files, interval)
+    alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
+    data = workdir / "data"
+    openmetrics = workdir / "backfill.om"
+    with openmetrics.open("w", encoding="utf-8") as out:
+        write_openmetrics(history, out, interval=interval)
+    create_blocks(openmetrics, data, promtool)
+    server = Prometheus(workdir, data, prometheus)
+    start, end = round(history.start, 3), round(history.end, 3)
+    try:
+        server.start()
+        if recording:
+            _record(server, recording, workdir, start, end, promtool)
+        results = []
+        for rule in alerts:
+            times = evaluation_times(start, end, rule.interval)
+            samples = server.query_range(rule.expr, times[0], end, rule.interval)
+            results += evaluate(rule, samples, times)
+    finally:
+        server.stop()
+    return results, len(alerts)
+
+
+def evaluation_times(start: float, end: float, interval: float) -> list[float]:
+    """Every ``interval`` over the history, the last evaluation at its last sample."""
+    count = int((end - start) // interval)
+    return [round(end - k * interval, 3) for k in range(count, -1, -1)]
+
+
+def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float, end: float, promtool: str) -> None:
+    """Evaluate the recording rules at their groups' evaluation times, load the results as blocks
+    and restart Prometheus over them."""
+    openmetrics = workdir / "recorded.om"
+    families: dict[str, list[str]] = {}
+    for group in groups:
+        interval = parse_duration(group["interval"])
+        times = evaluation_times(start, end, interval)
+        for entry in group["rules"]:
+            extra = tuple((str(k), str(v)) for k, v in (entry.get("labels") or {}).items())
+            lines = families.setdefault(entry["record"], [])
+            for key, points in server.query_range(entry["expr"], times[0], end, interval).items():
+                labels = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(dict(key + extra).items()))
+                lines += [f"{entry['record']}{{{labels}}} {floatToGoString(value)} {moment:.3f}\n"
+                          for moment, value in sorted(points.items())]
+    with openmetrics.open("w", encoding="utf-8") as out:
+        for name, lines in families.items():
+            if lines:
+                out.write(f"# TYPE {name} gauge\n")
+                out.writelines(lines)
+        out.write("# EOF\n")
+    server.stop()
+    create_blocks(openmetrics, server.data, promtool)
+    server.start()
+
+
+def report(history: History, alerts: list[AlertHistory], rules: int) -> str:
+    """The printed result: per alert, the steps and times it was pending and firing."""
+    steps = sum(len(timeline.steps) for timeline in history.timelines)
+    lines = [f"replayed {len(history.steps)} run(s), {steps} steps, {iso(history.start)} to {iso(history.end)}, "
+             f"against {rules} alerting rules"]
+    for alert in sorted(alerts, key=lambda a: (a.periods[0].start, a.rule.name)):
+        run = alert.run
+        shown = ("severity", "job", "instance") + (("project", "experiment") if run else ())
+        where = " ".join(([f"{run.project}/{run.experiment}"] if run else [])
+                         + [f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in shown])
+        lines.append(f"\n{alert.rule.name} ({alert.severity}) {where}\n  {alert.rule.summary}")
+        for period in alert.periods:
+            lines.append(f"  {period.state:8s} {_steps(history, run, period)}  "
+                         f"({iso(period.start)} to {iso(period.end)})")
+    fired = [alert for alert in alerts if alert.fired]
+    critical = [alert for alert in fired if alert.severity == "critical"]
+    lines.append(f"\n{len(fired)} alert(s) would have fired ({len(critical)} critical), "
+                 f"{len(alerts) - len(fired)} only pending." if alerts else "\nno alert would have fired.")
+    return "\n".join(lines)
+
+
+def _steps(history: History, run: RunKey | None, period: Period) -> str:
+    if run is None and len(history.steps) == 1:
+        run = next(iter(history.steps))
+    if run is None:
+        return ""
+    first, last = history.step_at(run, period.start), history.step_at(run, period.end)
+    return f"step {first} to {last}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="verl-exporter replay",
+        description="Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
+    add_source_arguments(parser)
+    parser.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
+                        help="rule files, after the sources (default: the shipped alerts/*.rules.yml and "
+                             "prometheus/recording-rules.yml); evaluated every --scrape-interval unless a "
+                             "group sets its interval")
+    parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="prometheus binary (default: from PATH)")
+    parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR (new or empty) and keep it (blocks, logs)")
+    args = parser.parse_args(argv)
+    rules = args.rules or shipped_rules()
+    if not rules:
+        parser.error("no rule files found: give --rules")
+    if not args.prometheus or not args.promtool:
+        parser.error("prometheus and promtool must be on PATH (or give --prometheus and --promtool)")
+    try:
+        history = build_from_args(args)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            if any(args.keep.iterdir()):
+                raise ValueError(f"--keep {args.keep}: not empty")
+            alerts, count = replay(history, rules, args.keep, interval=args.scrape_interval,
+                                   prometheus=args.prometheus, promtool=args.promtool)
+        else:
+            with tempfile.TemporaryDirectory(prefix="verl-replay-") as workdir:
+                alerts, count = replay(history, rules, Path(workdir), interval=args.scrape_interval,
+                                       prometheus=args.prometheus, promtool=args.promtool)
+    except (OSError, ValueError, RuntimeError, yaml.YAMLError) as exc:
+        print(f"verl-exporter replay: error: {exc}", file=sys.stderr)
+        return 2
+    print(report(history, alerts, count))
+    return 1 if any(alert.fired and alert.severity == "critical" for alert in alerts) else 0

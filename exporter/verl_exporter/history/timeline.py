@@ -1,0 +1,168 @@
+"""A log file's steps, each with the wall-clock time at which verl logged it.
+
+The lines are read by the live sources (``Source``'s own parsing, run naming from the path or from
+the config verl prints), so a step's values and its run are exactly what the exporter would have
+ingested. Neither of verl's formats carries a time, so each step's time is reconstructed:
+
+- a console line that starts with a timestamp (``2025-06-12T10:22:31.123Z ...`` as
+  ``kubectl logs --timestamps`` writes it, ``2025-06-12 10:22:31,123 ...``, ``[2025-06-12 10:22:31] ...``)
+  gives its step that time (a time without an offset is read as UTC);
+- otherwise the last step was logged when the file was last modified, and each earlier step
+  ``timing_s/step`` (or ``perf/time_per_step``) seconds of the following step before the next one,
+  going backwards from the nearest step whose time is known. A step that logged no duration
+  takes the median of the others (60 s when none did).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from verl_exporter.records import ParseError, Record
+from verl_exporter.sources import Source
+
+DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
+DEFAULT_STEP_SECONDS = 60.0
+MAX_LINE_BYTES = 1 << 20
+
+_TIMESTAMP = re.compile(
+    r"\s*\[?(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?\]?[ \t]*")
+
+
+@dataclass
+class Step:
+    """One step of a file: its records (training values, validation, the end marker), the
+    parse errors met while reading it, and its time (unix seconds)."""
+
+    step: int
+    records: list[Record] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    logged_at: float | None = None  # the step line's own timestamp
+    time: float = 0.0
+
+    def duration(self) -> float | None:
+        """How long verl says the step took, if it logged that."""
+        for record in self.records:
+            for key in DURATION_KEYS:
+                if key in record.values:
+                    try:
+                        seconds = float(record.values[key])
+                    except (TypeError, ValueError):
+                        continue
+                    if seconds > 0 and seconds != float("inf"):
+                        return seconds
+        return None
+
+
+@dataclass
+class FileTimeline:
+    path: str
+    steps: list[Step]
+    timed_lines: int  # steps whose time came from their own line
+    mtime: float
+
+    @property
+    def method(self) -> str:
+        if not self.steps or self.timed_lines == 0:
+            return "file modification time and timing_s/step"
+        if self.timed_lines == len(self.steps):
+            return "line timestamps"
+        return "line timestamps where present, else timing_s/step"
+
+
+def split_timestamp(line: str) -> tuple[float | None, str]:
+    """(unix time, rest of the line) for a line that starts with an ISO-like timestamp, else (None, line)."""
+    if not line[:1].isdigit() and not line.startswith(("[", " ", "\t")):
+        return None, line
+    match = _TIMESTAMP.match(line)
+    if not match:
+        return None, line
+    fraction = (match.group(2) or "").replace(",", ".")[:7]
+    zone = match.group(3) or "+00:00"
+    if zone == "Z":
+        zone = "+00:00"
+    elif ":" not in zone:
+        zone = zone[:3] + ":" + zone[3:]
+    try:
+        moment = datetime.fromisoformat(match.group(1).replace(" ", "T") + fraction + zone)
+    except ValueError:
+        return None, line
+    return moment.astimezone(timezone.utc).timestamp(), line[match.end():]
+
+
+class _Collector:
+    """The store a ``Source`` parses into: it keeps the records instead of their latest values."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.errors: list[str] = []
+
+    def ingest(self, record: Record) -> None:
+        self.records.append(record)
+
+    def parse_error(self, source: str, reason: str = "") -> None:
+        self.errors.append(reason)
+
+
+def read_file(path: str, *, fmt: str = "auto", project: str | None = None,
+              experiment: str | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS) -> FileTimeline:
+    """Every step of ``path`` with its time. Unreadable lines are kept as the step's errors."""
+    source = Source(path, _Collector(), fmt=fmt, project=project, experiment=experiment)
+    state = source._new_state(path)
+    steps: list[Step] = []
+    pending_errors: list[str] = []
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if len(raw) > MAX_LINE_BYTES:
+                pending_errors.append(f"line of {len(raw)} bytes over the {MAX_LINE_BYTES} byte limit")
+                continue
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            stamp, rest = split_timestamp(line) if state.fmt == "console" else (None, line)
+            try:
+                record = source._parse(state, rest, stamp or 0.0)
+            except ParseError as exc:
+                pending_errors.append(str(exc))
+                continue
+            except Exception as exc:
+                pending_errors.append(f"unreadable line ({type(exc).__name__})")
+                continue
+            if record is None:
+                continue
+            if not steps or steps[-1].step != record.step:
+                steps.append(Step(record.step, logged_at=stamp if not record.finished else None))
+            current = steps[-1]
+            if current.logged_at is None and stamp is not None and not record.finished:
+                current.logged_at = stamp
+            current.records.append(record)
+            current.errors += pending_errors
+            pending_errors = []
+    if pending_errors and steps:
+        steps[-1].errors += pending_errors
+    mtime = os.stat(path).st_mtime
+    _assign_times(steps, mtime, default_step_seconds)
+    return FileTimeline(path, steps, sum(step.logged_at is not None for step in steps), mtime)
+
+
+def _assign_times(steps: list[Step], mtime: float, default_step_seconds: float) -> None:
+    """Each step's time: its own timestamp, else the next step's time minus the next step's duration."""
+    durations = [step.duration() for step in steps]
+    known = [seconds for seconds in durations if seconds is not None]
+    fallback = statistics.median(known) if known else default_step_seconds
+    following: float | None = None
+    for index in range(len(steps) - 1, -1, -1):
+        step = steps[index]
+        if step.logged_at is not None:
+            step.time = step.logged_at
+        elif following is None:
+            step.time = mtime
+        else:
+            after = durations[index + 1]
+            step.time = following - (after if after is not None else fallback)
+        following = step.time
+    for record_step in steps:
+        record_step.time = round(record_step.time, 3)  # milliseconds, as Prometheus stores them
+        for record in record_step.records:
+            record.time = record_step.time

@@ -1,0 +1,57 @@
+"""The settings of a run the exporter serves, picked from its flattened config by the catalog.
+
+``pick`` turns ``{"actor_rollout_ref.actor.clip_ratio": 0.2, ...}`` (every setting of the config)
+into the catalog's numeric settings, under their newest spelling, and the labels of the run's
+info metric. A setting the config lacks, or holds as null, is simply absent.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .catalog import Catalog
+
+TOTAL_STEPS_KEY = "trainer.total_training_steps"
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):  # YAML 1.1 reads 1e-06 as a string
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def pick(catalog: Catalog, flat: dict) -> tuple[dict[str, float], dict[str, str]]:
+    """(numeric settings by catalog key, info labels by label name) of a flattened config."""
+    numbers: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    for spec in catalog.settings:
+        value = next((flat[key] for key in (spec.key,) + spec.aliases if flat.get(key) is not None), None)
+        if value is None:
+            continue
+        if spec.label:
+            text = str(value).rstrip("/")
+            labels[spec.label] = text.rpartition("/")[2] if spec.last_part else text
+        else:
+            number = _number(value)
+            if number is not None:
+                numbers[spec.key] = number
+    return numbers, labels
+
+
+def info_labels(catalog: Catalog) -> list[str]:
+    """The labels of ``verl_run_config_info`` besides the run's."""
+    return [spec.label for spec in catalog.settings if spec.label]
+
+
+def total_steps(numbers: dict[str, float]) -> int | None:
+    """The config's ``trainer.total_training_steps`` when the user set it (verl's default is null)."""
+    value = numbers.get(TOTAL_STEPS_KEY)
+    return int(value) if value is not None and value >= 1 else None

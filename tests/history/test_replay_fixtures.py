@@ -1,0 +1,44 @@
+"""Real verl output (tests/fixtures/verl/<release>/<run>/) backfills to every logged step and replays
+to exactly the alerts in EXPECTED (none unless listed): one Prometheus per run folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servers import REPO, require_binary
+from verl_exporter.history import backfill, replay
+
+FIXTURES = REPO / "tests" / "fixtures" / "verl"
+RUNS = sorted(path for path in FIXTURES.glob("*/*") if (path / "console.log").is_file())
+
+# "<release>/<run>" -> the alerts its replay fires; a run not listed fires none. The GRPO runs of
+# 0.3-0.5 log actor/grad_norm as nan and inf: VerlTrainingNonFinite is right to page for them.
+EXPECTED: dict[str, set[str]] = {
+    "0.3.0.post1/grpo": {"VerlTrainingNonFinite"},
+    "0.4.1/grpo": {"VerlTrainingNonFinite"},
+    "0.5.0/grpo": {"VerlTrainingNonFinite"},
+}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_fixture_replays_to_its_alerts(tmp_path, run):
+    files = [run / "console.log"] + ([run / "metrics.jsonl"] if (run / "metrics.jsonl").is_file() else [])
+    history = backfill.build([str(path) for path in files])
+    truth = json.loads((run / "logged.json").read_text())
+    console = history.timelines[0]
+    assert [step.step for step in console.steps][-1] == max(entry["step"] for entry in truth["steps"])
+    if len(files) == 2 and truth.get("jsonl_steps"):
+        assert {step.step for step in history.timelines[1].steps} == set(truth["jsonl_steps"])
+    alerts, _ = replay.replay(history, replay.shipped_rules(), tmp_path, interval=15.0,
+                              prometheus=require_binary("prometheus"), promtool=require_binary("promtool"))
+    fired = {alert.rule.name for alert in alerts if alert.fired}
+    assert fired == EXPECTED.get(f"{run.parent.name}/{run.name}", set())
+
+
+def test_fixture_folders_have_what_the_replay_reads():
+    for run in RUNS:
+        assert (run / "logged.json").is_file(), f"{run} has no logged.json"
+    present = {name for name in EXPECTED if (FIXTURES / name).parent.is_dir()}
+    assert present <= {f"{run.parent.name}/{run.name}" for run in RUNS}, "EXPECTED names a missing run"
