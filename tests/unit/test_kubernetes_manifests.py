@@ -59,6 +59,148 @@ def test_scraped_as_the_job_the_alerts_watch():
     assert 'up{job="verl"}' in rules
 
 
+# -- Every manifest validated offline; the RayJob, its PodMonitor and the PrometheusRule ---------------
+
+import re  # noqa: E402
+import sys  # noqa: E402
+
+import k8s_schemas  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "alerts"))
+from generator import kubernetes as rule_generator  # noqa: E402
+
+
+def documents(path):
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def manifest(name, kind):
+    return next(doc for doc in documents(K8S / name) if doc["kind"] == kind)
+
+
+def rayjob_pods():
+    """(group name, pod template) of the RayJob's head and of every worker group."""
+    cluster = manifest("verl-rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]
+    return [("head", cluster["headGroupSpec"]["template"])] + [
+        (group["groupName"], group["template"]) for group in cluster["workerGroupSpecs"]]
+
+
+def expanded_args(container):
+    """The container's args with $(VAR) replaced from its env, as the kubelet does."""
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in container["args"]]
+
+
+def entrypoint_setting(key):
+    entrypoint = manifest("verl-rayjob.yaml", "RayJob")["spec"]["entrypoint"]
+    return re.search(rf"(?:^|\s){re.escape(key)}=(\S+)", entrypoint)[1]
+
+
+@pytest.mark.parametrize("path", sorted(K8S.glob("*.y*ml")), ids=lambda p: p.name)
+def test_manifest_validates_offline(path):
+    docs = documents(path)
+    if path.name.endswith(".patch.yaml"):  # a strategic merge patch: check the Job it makes
+        docs = [strategic_merge(yaml.safe_load((K8S / "verl-job-with-exporter.yaml").read_text()), docs[0])]
+    assert docs
+    for doc in docs:
+        assert k8s_schemas.problems(doc) == [], f"{path.name}: {doc['kind']}"
+
+
+def test_validation_catches_what_the_api_server_or_operator_would_refuse():
+    job = manifest("verl-rayjob.yaml", "RayJob")
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    worker["template"]["spec"]["containers"][1]["ports"][0]["containerPort"] = "9945"
+    worker["template"]["spec"]["containers"][1]["args"].append({"--job.match=ray:": None})  # unquoted "ray::"
+    del worker["groupName"]
+    worker["replicas"] = 5
+    found = "\n".join(k8s_schemas.problems(job))
+    for expected in ("containerPort: '9945' is not of type 'integer'", "args.4: {'--job.match=ray:': None} is not",
+                     "workerGroupSpecs[0].groupName is required", "replicas must lie in"):
+        assert expected in found
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": {"name": "x"},
+            "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "record": "b", "expr": "up", "for": "10 min"}]},
+                                {"name": "g", "rules": [{"record": "r", "expr": "up", "labels": {"n": 1}}]}]}}
+    found = "\n".join(k8s_schemas.problems(rule))
+    for expected in ("group names must be unique", "exactly one of alert and record", "'10 min' is not a Duration",
+                     "labels must map strings to strings"):
+        assert expected in found
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}, "spec": {"replicas": "two"}}
+    assert any("'two' is not of type 'integer'" in p for p in k8s_schemas.problems(deployment))
+
+
+def test_every_rayjob_pod_has_the_exporter_sidecar():
+    for group, pod in rayjob_pods():
+        sidecar = container(pod, "verl-exporter")
+        settings = config.load(expanded_args(sidecar))
+        _, port = parse_listen_address(settings.web_listen_address)
+        assert sidecar["ports"] == [{"name": "verl-exporter", "containerPort": port}], group
+        names = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+        assert len(names) == len(set(names)) and "metrics" in names, group  # KubeRay's Ray metrics port
+        assert pod["spec"]["shareProcessNamespace"] is True, group
+        assert pod["spec"]["containers"][0]["name"].startswith("ray-"), group  # KubeRay runs Ray in containers[0]
+        assert re.search(settings.job_match, "ray::WorkerDict.actor_rollout_generate_sequences"), group
+        # Every exporter, worker or head, names the run the trainer writes.
+        assert (settings.project, settings.experiment) == (
+            entrypoint_setting("trainer.project_name"), entrypoint_setting("trainer.experiment_name")), group
+        assert not any("$(" in arg for arg in expanded_args(sidecar)), group
+
+
+def test_the_head_exporter_reads_the_logs_every_node_writes():
+    job = manifest("verl-rayjob.yaml", "RayJob")
+    root = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["VERL_FILE_LOGGER_ROOT"]
+    claim = manifest("verl-rayjob.yaml", "PersistentVolumeClaim")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    assert "'file'" in entrypoint_setting("trainer.logger").replace('"', "'")
+    for group, pod in rayjob_pods():  # wherever Ray places the TaskRunner, its log lands on the claim
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        ray = pod["spec"]["containers"][0]
+        mount = next(m for m in ray["volumeMounts"] if m["mountPath"] == root)
+        assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"], group
+    _, head = rayjob_pods()[0]
+    sidecar = container(head, "verl-exporter")
+    source = config.load(expanded_args(sidecar)).source
+    assert len(source) == 1 and source[0].startswith(root + "/") and source[0].endswith(".jsonl")
+    assert {"name": "verl-logs", "mountPath": root, "readOnly": True} in sidecar["volumeMounts"]
+    for group, pod in rayjob_pods()[1:]:
+        assert config.load(expanded_args(container(pod, "verl-exporter"))).source == [], group
+
+
+def test_rayjob_podmonitor_scrapes_every_sidecar_as_job_verl_and_keeps_the_run_labels():
+    monitor = manifest("podmonitor-rayjob.yaml", "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
+    for group, pod in rayjob_pods():
+        assert selector.items() <= pod["metadata"]["labels"].items(), group
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        assert set(endpoints) <= ports, group
+        # podmonitor.yaml scrapes the port "metrics" as job verl: it must not select Ray pods.
+        other = yaml.safe_load((K8S / "podmonitor.yaml").read_text())["spec"]["selector"]["matchLabels"]
+        assert not other.items() <= pod["metadata"]["labels"].items(), group
+    exporter = endpoints["verl-exporter"]
+    assert exporter["honorLabels"] is True
+    assert {"targetLabel": "job", "replacement": "verl"} in exporter["relabelings"]
+    assert {"targetLabel": "job", "replacement": "ray"} in endpoints["metrics"]["relabelings"]
+    relabeled = {r.get("targetLabel") for e in endpoints.values() for r in e.get("relabelings", [])}
+    assert not relabeled & {"project", "experiment"}
+
+
+def test_prometheusrule_holds_the_groups_of_the_rule_files():
+    rule = manifest("prometheusrule.yml", "PrometheusRule")
+    files = sorted((ROOT / "alerts").glob("*.rules.yml")) + [ROOT / "prometheus" / "recording-rules.yml"]
+    groups = [group for path in files for group in yaml.safe_load(path.read_text())["groups"]]
+    assert rule["spec"]["groups"] == groups
+    assert sum(len(g["rules"]) for g in groups) > 40
+
+
+def test_prometheusrule_is_what_the_generator_writes(tmp_path):
+    assert (K8S / "prometheusrule.yml").read_text() == rule_generator.prometheus_rule(), "run: make generate"
+    assert rule_generator.main(["--check", "--root", str(ROOT)]) == 0
+    stale = tmp_path / "prometheus" / "kubernetes" / "prometheusrule.yml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(rule_generator.prometheus_rule().replace("for: 10m", "for: 11m", 1))
+    assert rule_generator.main(["--check", "--root", str(tmp_path)]) == 1
+
+
 # --- the secured variant: secured-exporter.yaml and the patch of the Job ---------------------------
 
 
