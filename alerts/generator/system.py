@@ -203,6 +203,20 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "Lines that look like verl step lines could not be parsed; their values are missing.",
         "Check the file's format (`--source.format`) and the exporter's log, which quotes the reason.",
     ),
+    Alert(
+        "VerlExporterSourceUnreadable", "warning",
+        "verl_exporter_source_up == 0", "15m",
+        "The exporter cannot read a verl log it is told to follow.",
+        "The exporter at {{ $labels.instance }} has not been able to read {{ $labels.source }} for 15 "
+        "minutes: it is missing, not a regular file, or unreadable.",
+        "A `--source` path does not exist, or a path or glob match is a directory, a FIFO, a device, a "
+        "symbolic link loop or a file the exporter may not read: nothing of it is exported, so no "
+        "training alert can fire for its run. A FileLogger path appears only when verl starts training "
+        "(after the models load), hence the 15 minutes.",
+        "Read the exporter's log, which says once why it cannot read the path; fix the `--source` path or "
+        "glob (`--source '/logs/*.log'` must not match directories), the file's permissions, or the volume "
+        "mount of the sidecar.",
+    ),
 ))
 
 _GPU_INFO = "GPU {{ $labels.gpu }} on {{ $labels.instance }}"

@@ -24,23 +24,24 @@ MIB = 1 << 20
 # Suffixes a gauge must not end in: Prometheus reserves them for counters, histograms, summaries.
 _RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info")
 
-# Names the exporter itself serves; a logged key never takes them.
-RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", "verl_logged_")
-RESERVED_NAMES = frozenset({
-    "verl_training_last_step",
-    "verl_training_last_step_timestamp_seconds",
-    "verl_training_steps_ingested_total",
-    "verl_training_nonfinite_values_total",
-    "verl_training_run_info",
-    "verl_training_series_dropped_total",
-    "verl_training_finished",
-    "verl_training_runs",
-    "verl_training_runs_dropped_total",
-    "verl_gpus",  # the GPU collector's count
-    "verl_run_config",  # the run's settings
-    "verl_run_config_info",
-    "verl_training_total_steps",
-})
+# A logged key whose name the exporter serves itself is renamed into this namespace.
+LOGGED_PREFIX = PREFIX + "logged_"
+# Namespaces that are the exporter's own as a whole (besides every name its collectors serve, see
+# reserved_names): a logged key never takes a name in them.
+RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", LOGGED_PREFIX)
+
+
+def reserved_names() -> frozenset[str]:
+    """Every family and sample name the exporter's collectors serve themselves (from their own
+    descriptions, so the list cannot drift from what is served)."""
+    from .collectors.own import own_names  # collectors import the store, which imports this module
+
+    return own_names()
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is one the exporter serves itself, or lies in one of its namespaces."""
+    return name.startswith(RESERVED_PREFIXES) or name in reserved_names()
 
 # timing_s/* keys that hold no duration: verl puts counts, lengths and ratios of the generation and
 # of the agent loop into the same timing dict as the stage times (timing_s/generation_timing/topk_ratio,
@@ -73,17 +74,23 @@ def default_name(key: str) -> tuple[str, float]:
     ``verl_timing_per_token_gen_seconds`` (x 0.001); ``perf/max_memory_allocated_gb`` ->
     ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
     """
+    name, scale = _named_by_rule(key)
+    if name.endswith(_RESERVED_SUFFIXES):
+        name += "_value"
+    # Checked on the final name, unit suffix included: host/memory_used_gb is not the host's
+    # verl_host_memory_used_bytes but verl_logged_host_memory_used_bytes.
+    if is_reserved(name):
+        name = LOGGED_PREFIX + name[len(PREFIX):]
+    return name, scale
+
+
+def _named_by_rule(key: str) -> tuple[str, float]:
+    """The naming rule alone: ``verl_`` + the key, with the unit rules' suffix and scale."""
     for pattern, template, suffix, scale in _UNIT_RULES:
         match = pattern.match(key)
         if match:
             return PREFIX + re.sub(r"_+", "_", sanitize(template.format(match.group(1))) + suffix), scale
-    name = PREFIX + (sanitize(key) or "unnamed")
-    # A counter's family is named without "_total": a gauge of that name would clash with it.
-    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES or name + "_total" in RESERVED_NAMES:
-        name = PREFIX + "logged_" + name[len(PREFIX):]
-    if name.endswith(_RESERVED_SUFFIXES):
-        name += "_value"
-    return name, 1.0
+    return PREFIX + (sanitize(key) or "unnamed"), 1.0
 
 
 @dataclass(frozen=True)
@@ -201,11 +208,33 @@ class Catalog:
                 return spec
         raise KeyError(name)
 
+    def listed_keys(self) -> frozenset[str]:
+        """Every key and alias the catalog lists."""
+        return frozenset(self._by_key)
+
+    def served_names(self) -> frozenset[str]:
+        """The names of the catalog's metrics and families."""
+        try:
+            return self._served_names
+        except AttributeError:
+            self._served_names = frozenset(spec.name for spec in self.metrics) | {
+                spec.name for _, spec in self.families}
+            return self._served_names
+
+    def _outside(self, resolved: Resolved) -> Resolved:
+        """A key outside the catalog never takes a name the catalog serves (``actor_pg_loss`` is not
+        ``actor/pg_loss``, ``val_core`` not the family): it is renamed into ``verl_logged_``."""
+        spec = resolved.spec
+        if spec.known or spec.name not in self.served_names():
+            return resolved
+        return Resolved(MetricSpec(key=spec.key, name=LOGGED_PREFIX + spec.name[len(PREFIX):], help=spec.help,
+                                   scale=spec.scale, known=False))
+
     def resolve(self, key: str) -> Resolved:
         """The metric and label values a verl key is exported as (cached per key)."""
         resolved = self._cache.get(key)
         if resolved is None:
-            resolved = self._resolve(key)
+            resolved = self._outside(self._resolve(key))
             if len(self._cache) < 100_000:
                 self._cache[key] = resolved
         return resolved

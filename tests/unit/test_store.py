@@ -124,10 +124,10 @@ def test_values_read_as_text_are_converted_once_and_bad_ones_counted():
     values = series(store)
     assert values["verl_actor_pg_loss()"] == -0.005 and values["verl_timing_gen_seconds()"] == 21.47
     assert values["verl_b()"] == math.inf and "verl_a()" not in values
-    assert snapshot.parse_errors == {"/logs/run.log": 1}
+    assert snapshot.values_dropped == {("/logs/run.log", "not_a_number"): 1} and not snapshot.parse_errors
     assert snapshot.runs[0].nonfinite == {"b": 1}
     store.snapshot()  # converted once: no second count
-    assert store.snapshot().parse_errors == {"/logs/run.log": 1}
+    assert store.snapshot().values_dropped == {("/logs/run.log", "not_a_number"): 1}
     assert store.snapshot().runs[0].nonfinite == {"b": 1}
 
 
