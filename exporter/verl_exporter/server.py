@@ -98,13 +98,15 @@ class ExporterHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str,
-                 ready: Callable[[], bool], web: WebConfig | None = None):
+                 ready: Callable[[], bool], web: WebConfig | None = None,
+                 render_text: Callable[[], bytes] | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         if address[0] == "":
             self.address_family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
         self.registry = registry
         self.telemetry_path = telemetry_path
         self.ready = ready
+        self.render_text = render_text  # the whole text format, shared by concurrent scrapes
         self.web = web or WebConfig()  # replaced whole on reload; each connection reads it once
         super().__init__(address, _Handler)
 
@@ -195,7 +197,10 @@ class _Handler(BaseHTTPRequestHandler):
             registry = NameFilter(registry, names)
         headers = {"Vary": "Accept, Accept-Encoding"}
         try:
-            body = encoder(registry)
+            if encoder is generate_latest and not names and self.server.render_text is not None:
+                body = self.server.render_text()
+            else:
+                body = encoder(registry)
         except Exception:  # a broken collector must not kill the connection silently
             log.exception("scrape failed")
             self._reply(500, b"scrape failed; see the exporter's log\n", headers=headers)
@@ -236,9 +241,11 @@ def _landing_page(path: str) -> bytes:
 
 def serve(address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str = "/metrics",
           ready: Callable[[], bool] = lambda: True,
-          web: WebConfig | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
-    """Bind (OSError if the port is taken) and serve in a daemon thread."""
-    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web)
+          web: WebConfig | None = None,
+          render_text: Callable[[], bytes] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
+    """Bind (OSError if the port is taken) and serve in a daemon thread. ``render_text``, when
+    given, renders the text format in place of client_python's writer (see training_render)."""
+    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web, render_text)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread
