@@ -114,6 +114,19 @@ class _Signals:
                 return "reload"
 
 
+def _open_file_cap(wanted: int) -> int:
+    """``--source.max-open-files``, lowered to half the process's descriptor limit where that is less
+    (sockets, the GPU library and scrapes need descriptors too)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft // 2:
+        return wanted
+    log.warning("--source.max-open-files=%d is more than half the descriptor limit (%d): using %d",
+                wanted, soft, max(8, soft // 2))
+    return max(8, soft // 2)
+
+
 class Exporter:
     """The running exporter: everything ``main`` starts, so tests can start it in-process too."""
 
@@ -131,7 +144,7 @@ class Exporter:
         self.store = RunStore(default_catalog(), max_series_per_run=settings.store_max_series_per_run,
                               max_runs=settings.store_max_runs, retention=settings.store_retention_seconds,
                               idle_retention=settings.store_idle_retention_seconds)
-        self.open_files = OpenFiles(settings.source_max_open_files)
+        self.open_files = OpenFiles(_open_file_cap(settings.source_max_open_files))
         patterns = list(settings.source)
         if settings.simulate:
             patterns.append(self._start_simulation())

@@ -60,7 +60,7 @@ OPTIONS = [
     Option("gpu.fake", None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)"),
     Option("store.max-series-per-run", 2000, "cap on exported series per run", int),
     Option("store.max-runs", 1000, "cap on runs followed", int),
-    Option("store.retention", "24h", "drop a finished run this long after it finished (0: keep it)"),
+    Option("store.retention", "0", "drop a finished run this long after its last line was written (0: keep it)"),
     Option("store.idle-retention", "0", "drop a run with no new step for this long (0: keep it)"),
     Option("simulate", None, "also write a simulated verl run with this scenario and follow it"),
     Option("simulate.format", "console", "format of the simulated run: jsonl or console"),

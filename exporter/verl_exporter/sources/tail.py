@@ -123,7 +123,7 @@ class FileFollower:
         self.close_idle_after = close_idle_after
         self.behind = True  # until a poll has read everything that was there
         self.caught_up = False  # True for good once a poll has read everything that was there
-        self.open_files = open_files or OPEN_FILES
+        self.open_files = OPEN_FILES if open_files is None else open_files
         self._behind = False
         self.oversize_lines = 0  # total dropped since start
         self._oversize: list[tuple[str, int]] = []
