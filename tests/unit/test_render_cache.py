@@ -1,6 +1,7 @@
 """The training families' render cache serves the bytes client_python's writer would, change after
 change, and concurrent scrapes share one rendering."""
 
+import gzip
 import math
 import threading
 
@@ -9,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.collectors.training_render import SharedRender, render_text
+from verl_exporter.collectors.training_render import Part, SharedRender, render_parts, render_text
 from verl_exporter.records import Record, RunKey
 from verl_exporter.store import RunStore
 
@@ -68,7 +69,7 @@ def test_concurrent_scrapes_share_renderings():
         renders.append(1)
         started.set()
         release.wait()
-        return b"body %d" % len(renders)
+        return [Part(b"body %d" % len(renders))]
 
     ticks, ticked = [0], threading.Condition()
 
@@ -94,3 +95,18 @@ def test_concurrent_scrapes_share_renderings():
         waiter.join()
     assert len(bodies) == 8 and len(renders) == 2  # they arrived after the first began: one more
     assert set(bodies) == {b"body 2"}
+
+
+def test_gzipped_bodies_keep_the_unchanged_members_and_decompress_to_the_text():
+    store, registry = setup()
+    for index in range(3):
+        store.ingest(Record(RunKey("p", f"e{index}"), 1, VALUES, 100.0))
+    shared = SharedRender(registry)
+    first = shared(True)
+    assert gzip.decompress(first) == generate_latest(registry)
+    store.parse_error("x.log", "bad")  # the store's families change, the runs do not
+    second = shared(True)
+    text = generate_latest(registry)
+    assert gzip.decompress(second) == text and b"x.log" in text
+    static = [part for part in render_parts(registry) if part.static]
+    assert static and all(part.gzipped() in second for part in static)  # reused, not compressed again

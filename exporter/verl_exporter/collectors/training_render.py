@@ -12,6 +12,7 @@ still go through client_python unchanged.
 from __future__ import annotations
 
 import contextvars
+import gzip
 import threading
 import time
 from typing import Callable
@@ -23,13 +24,28 @@ PRERENDER = contextvars.ContextVar("verl_exporter_prerender", default=False)
 _HEADER_LINES = 2  # "# HELP" and "# TYPE"
 
 
-class Prerendered(Metric):
-    """A family that is already text: what ``render_text`` writes as it is. It has no samples, so
-    the runner's renderability check passes (the text was encoded when it was rendered)."""
+class Part:
+    """A piece of the exposition text; a part that stays the same until a run changes keeps its
+    gzip member too (gzip members concatenate into one valid stream, RFC 1952)."""
 
-    def __init__(self, text: bytes):
+    __slots__ = ("text", "static", "_gzipped")
+
+    def __init__(self, text: bytes, static: bool = False):
+        self.text, self.static, self._gzipped = text, static, None
+
+    def gzipped(self) -> bytes:
+        if self._gzipped is None:
+            self._gzipped = gzip.compress(self.text, compresslevel=1)
+        return self._gzipped
+
+
+class Prerendered(Metric):
+    """Families that are already text: what ``render_text`` writes as they are. It has no samples,
+    so the runner's renderability check passes (the text was encoded when it was rendered)."""
+
+    def __init__(self, parts: list[Part]):
         super().__init__("verl_training", "Training families, already rendered.", "untyped")
-        self.text = text
+        self.parts = parts
 
 
 class _One:
@@ -69,12 +85,13 @@ class RunRenderCache:
         self._runs: dict = {}  # run -> {family key: sample lines}
         self._headers: dict[str, bytes] = {}  # family key -> header lines
         self._joined: dict[str, bytes] | None = None  # family key -> every run's lines, in run order
+        self._blocks: dict[int, Part] = {}  # the unchanged stretches of the output, in order
 
     def render(self) -> Prerendered:
         with self._lock:
             return Prerendered(self._render())
 
-    def _render(self) -> bytes:
+    def _render(self) -> list[Part]:
         snapshot = self.collector.store.snapshot(known=self._versions)
         changed = bool(snapshot.runs) or snapshot.versions.keys() != self._versions.keys()
         for state in snapshot.runs:
@@ -83,18 +100,31 @@ class RunRenderCache:
             del self._runs[gone]
         self._versions = snapshot.versions
         if changed or self._joined is None:
-            self._joined = self._join()
+            self._joined, self._blocks = self._join(), {}
         families = self.collector._families()
         self.collector.add_store_families(families, snapshot)
-        out = []
+        parts: list[Part] = []
+        static: list[bytes] = []
+
+        def close_block():
+            if static:
+                index = len(parts)
+                block = self._blocks.get(index)
+                if block is None:
+                    block = self._blocks[index] = Part(b"".join(static), static=True)
+                parts.append(block)
+                static.clear()
+
         for key, family in families.items():
             if key in self._joined:
-                out += (self._headers[key], self._joined[key])
+                static += (self._headers[key], self._joined[key])
             elif key not in self.OPTIONAL:
-                out.append(_text(family))  # the store's families, and per-run ones no run has
-        out += (part for key in sorted(k for k in self._joined if k.startswith("verl_"))
-                for part in (self._headers[key], self._joined[key]))
-        return b"".join(out)
+                close_block()
+                parts.append(Part(_text(family)))  # the store's families, and per-run ones no run has
+        static += (part for key in sorted(k for k in self._joined if k.startswith("verl_"))
+                   for part in (self._headers[key], self._joined[key]))
+        close_block()
+        return parts
 
     def _render_run(self, state) -> dict[str, bytes]:
         rendered = {}
@@ -110,16 +140,43 @@ class RunRenderCache:
         return {key: b"".join([self._runs[run].get(key, b"") for run in order]) for key in keys}
 
 
-def render_text(registry) -> bytes:
-    """``generate_latest(registry)``, with the training families taken from their render cache."""
+def render_parts(registry) -> list[Part]:
+    """``generate_latest(registry)`` in parts, the training families taken from their render cache."""
     token = PRERENDER.set(True)
     try:
-        out = []
+        out: list[Part] = []
         for metric in registry.collect():
-            out.append(metric.text if isinstance(metric, Prerendered) else _text(metric))
-        return b"".join(out)
+            if isinstance(metric, Prerendered):
+                out += metric.parts
+            else:
+                out.append(Part(_text(metric)))
+        return out
     finally:
         PRERENDER.reset(token)
+
+
+def render_text(registry) -> bytes:
+    """``generate_latest(registry)``, with the training families taken from their render cache."""
+    return join(render_parts(registry))
+
+
+def join(parts: list[Part], compressed: bool = False) -> bytes:
+    """The parts as one body; gzipped: the unchanged parts' members as kept, the rest compressed
+    anew (one member for each stretch between them)."""
+    if not compressed:
+        return b"".join(part.text for part in parts)
+    out, fresh = [], []
+    for part in parts:
+        if part.static:
+            if fresh:
+                out.append(gzip.compress(b"".join(fresh), compresslevel=1))
+                fresh = []
+            out.append(part.gzipped())
+        else:
+            fresh.append(part.text)
+    if fresh or not out:
+        out.append(gzip.compress(b"".join(fresh), compresslevel=1))
+    return b"".join(out)
 
 
 class SharedRender:
@@ -127,21 +184,24 @@ class SharedRender:
     renders waits for the next rendering and shares it, so N scrapers cost about one rendering each
     round, and every answer was rendered after its request arrived."""
 
-    def __init__(self, registry, render: Callable = render_text, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, registry, render: Callable = render_parts, clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self.render = render
         self.clock = clock
         self._lock = threading.Lock()
-        self._body: bytes | None = None
+        self._parts: list[Part] | None = None
+        self._bodies: dict[bool, bytes] = {}
         self._started = float("-inf")
 
-    def __call__(self) -> bytes:
+    def __call__(self, compressed: bool = False) -> bytes:
+        """The text format (gzipped with ``compressed``), rendered after this call began."""
         arrived = self.clock()
         with self._lock:
-            if self._body is not None and self._started >= arrived:
-                return self._body
-            started = self.clock()
-            self._body = None
-            body = self.render(self.registry)
-            self._body, self._started = body, started
+            if self._parts is None or self._started < arrived:
+                started = self.clock()
+                self._parts, self._bodies = None, {}
+                self._parts, self._started = self.render(self.registry), started
+            body = self._bodies.get(compressed)
+            if body is None:
+                body = self._bodies[compressed] = join(self._parts, compressed)
             return body
