@@ -29,7 +29,8 @@ def same(registry):
 
 
 VALUES = {"actor/pg_loss": 0.1, "val-core/openai/gsm8k/acc/mean@1": 0.5, "timing_s/gen": 2.0,
-          "my own key": math.nan, "perf/max_memory_allocated_gb": 40.0}
+          "my own key": math.nan, "perf/max_memory_allocated_gb": 40.0, "actor/grad_norm": math.inf,
+          'val-core/my"odd\\source\nx/acc/mean@1': 1e22, "critic/score/mean": -0.0}
 
 
 def test_the_cached_text_equals_client_pythons_through_changes():
@@ -42,6 +43,7 @@ def test_the_cached_text_equals_client_pythons_through_changes():
     assert same(registry) == first  # unchanged: served again
     store.ingest(Record(RunKey("p1", "e1"), 2, {"actor/pg_loss": 7.5, "actor/new_key": 1.0}, 100.0))
     assert b"7.5" in same(registry)
+    store.ingest(Record(RunKey('q"uo\\te', "new\nline"), 1, VALUES, 100.0))
     store.ingest(Record(RunKey("p0", "e0"), 2, {}, 100.0, finished=True))
     store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, total_steps=50))
     store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, settings={"trainer": {"total_epochs": 3}}))

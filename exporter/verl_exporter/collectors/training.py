@@ -86,9 +86,9 @@ class TrainingCollector:
         yield from families.values()
         yield from (logged[name] for name in sorted(logged))
 
-    def run_families(self, state) -> dict[str, Metric]:
+    def run_families(self, state, logged: bool = True) -> dict[str, Metric]:
         """One run's families: the per-run ones by key (``last_step``, ...), the logged series by
-        metric name (``verl_...``), only those the run has samples for."""
+        metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
         families = self._families()
         info_labels = run_settings.info_labels(self.store.catalog)
         run = [state.run.project, state.run.experiment]
@@ -109,7 +109,7 @@ class TrainingCollector:
         for key, count in sorted(state.nonfinite.items()):
             families["nonfinite"].add_metric(run + [key], count)
         out = {key: family for key, family in families.items() if family.samples}
-        for (name, label_values), (resolved, value) in state.series.items():
+        for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
             family = out.get(name)
             if family is None:
                 spec = resolved.spec

@@ -17,8 +17,10 @@ import threading
 import time
 from typing import Callable
 
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 PRERENDER = contextvars.ContextVar("verl_exporter_prerender", default=False)
 _HEADER_LINES = 2  # "# HELP" and "# TYPE"
@@ -60,6 +62,10 @@ def _text(metric: Metric) -> bytes:
     return generate_latest(_One(metric))
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
 def _split(text: bytes) -> tuple[bytes, bytes]:
     """(header, sample lines) of one rendered family."""
     cut = 0
@@ -86,6 +92,7 @@ class RunRenderCache:
         self._headers: dict[str, bytes] = {}  # family key -> header lines
         self._joined: dict[str, bytes] | None = None  # family key -> every run's lines, in run order
         self._blocks: dict[int, Part] = {}  # the unchanged stretches of the output, in order
+        self._store_parts: dict[str, tuple[list, Part]] = {}  # the store's families as last rendered
 
     def render(self) -> Prerendered:
         with self._lock:
@@ -120,19 +127,54 @@ class RunRenderCache:
                 static += (self._headers[key], self._joined[key])
             elif key not in self.OPTIONAL:
                 close_block()
-                parts.append(Part(_text(family)))  # the store's families, and per-run ones no run has
+                parts.append(self._store_part(key, family))
         static += (part for key in sorted(k for k in self._joined if k.startswith("verl_"))
                    for part in (self._headers[key], self._joined[key]))
         close_block()
         return parts
 
+    def _store_part(self, key: str, family: Metric) -> Part:
+        """The store's families (and per-run ones no run has): rendered again only when their
+        samples differ from the last scrape's (a source_up sample per file adds up)."""
+        last = self._store_parts.get(key)
+        if last is not None and last[0] == family.samples:
+            return last[1]
+        part = Part(_text(family), static=True)
+        self._store_parts[key] = (family.samples, part)
+        return part
+
     def _render_run(self, state) -> dict[str, bytes]:
         rendered = {}
-        for key, family in self.collector.run_families(state).items():
+        for key, family in self.collector.run_families(state, logged=False).items():
             header, lines = _split(_text(family))
             self._headers.setdefault(key, header)
             rendered[key] = lines
+        rendered.update(self._render_logged(state))
         return rendered
+
+    def _render_logged(self, state) -> dict[str, bytes]:
+        """The run's logged series, as client_python's text writer formats them (labels sorted by
+        name, values escaped, floats as Go prints them), the run's labels formatted once."""
+        from .training import RUN_LABELS
+
+        run = dict(zip(RUN_LABELS, (_escape(state.run.project), _escape(state.run.experiment))))
+        plain = ",".join(f'{name}="{run[name]}"' for name in sorted(run))
+        lines: dict[str, list[str]] = {}
+        for (name, label_values), (resolved, value) in state.series.items():
+            spec = resolved.spec
+            if spec.label_names:
+                labels = {**run, **dict(zip(spec.label_names, map(_escape, label_values)))}
+                text = ",".join(f'{label}="{labels[label]}"' for label in sorted(labels))
+            else:
+                text = plain
+            found = lines.get(name)
+            if found is None:
+                found = lines[name] = []
+                if name not in self._headers:
+                    header = GaugeMetricFamily(name, spec.full_help(), labels=RUN_LABELS + list(spec.label_names))
+                    self._headers[name] = _text(header)
+            found.append(f"{name}{{{text}}} {floatToGoString(value)}\n")
+        return {name: "".join(found).encode("utf-8") for name, found in lines.items()}
 
     def _join(self) -> dict[str, bytes]:
         order = sorted(self._runs)
