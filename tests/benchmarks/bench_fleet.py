@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     REPO, SCRAPE_HEADERS, BenchmarkError, Result, Row, print_table, scrape, simulated_file, summary, write_json,
 )
-from servers import free_port  # noqa: E402
+from servers import Server, free_port  # noqa: E402
 
 NAME = "fleet"
 MB = 1_000_000
@@ -108,14 +108,7 @@ class Exporter:
         return self
 
     def __exit__(self, *exc):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+        Server.stop(self)  # terminate, kill after 10 s, close the log: as the tests' servers stop
 
 
 _PLAIN_SERVER = """

@@ -34,13 +34,18 @@ def test_many_files_are_read_with_few_descriptors(tmp_path):
     assert len(pool) == 0 and _fds() == before
 
 
+def _two_files(tmp_path, first_text):
+    """a.log and b.log followed with one descriptor: a.log is closed to make room for b.log."""
+    first = tmp_path / "a.log"
+    _append(first, first_text)
+    _append(tmp_path / "b.log", "x\n")
+    follower = FileFollower(str(tmp_path / "*.log"), open_files=OpenFiles(1))
+    assert _lines(follower) == sorted(first_text.split() + ["x"])
+    return first, follower
+
+
 def test_a_closed_file_replaced_under_its_path_is_read_from_zero(tmp_path):
-    pool = OpenFiles(1)
-    first, second = tmp_path / "a.log", tmp_path / "b.log"
-    _append(first, "one\n")
-    _append(second, "x\n")
-    follower = FileFollower(str(tmp_path / "*.log"), open_files=pool)
-    assert _lines(follower) == ["one", "x"]  # a.log was closed to make room for b.log
+    first, follower = _two_files(tmp_path, "one\n")
     os.rename(first, tmp_path / "a.log.1")
     _append(first, "fresh\n")  # another inode under the same path
     assert _lines(follower) == ["fresh"]
@@ -51,12 +56,7 @@ def test_a_closed_file_replaced_under_its_path_is_read_from_zero(tmp_path):
 
 
 def test_a_truncated_closed_file_is_read_again_from_zero(tmp_path):
-    pool = OpenFiles(1)
-    first, second = tmp_path / "a.log", tmp_path / "b.log"
-    _append(first, "one\ntwo\n")
-    _append(second, "x\n")
-    follower = FileFollower(str(tmp_path / "*.log"), open_files=pool)
-    assert _lines(follower) == ["one", "two", "x"]
+    first, follower = _two_files(tmp_path, "one\ntwo\n")
     first.write_text("new\n")  # shorter than the offset held while closed
     assert _lines(follower) == ["new"]
     follower.close()

@@ -93,6 +93,7 @@ class RunRenderCache:
         self._joined: dict[str, bytes] | None = None  # family key -> every run's lines, in run order
         self._blocks: dict[int, Part] = {}  # the unchanged stretches of the output, in order
         self._store_parts: dict[str, tuple[list, Part]] = {}  # the store's families as last rendered
+        self._last: tuple[tuple, list[Part]] | None = None  # the store's figures and the parts of them
 
     def render(self) -> Prerendered:
         with self._lock:
@@ -108,6 +109,15 @@ class RunRenderCache:
         self._versions = snapshot.versions
         if changed or self._joined is None:
             self._joined, self._blocks = self._join(), {}
+        inputs = (snapshot.parse_errors, snapshot.values_dropped, snapshot.sources, len(snapshot.versions),
+                  snapshot.runs_dropped, snapshot.runs_expired, snapshot.run_cap_reached)
+        if not changed and self._last is not None and self._last[0] == inputs:
+            return self._last[1]  # nothing changed at all: the parts as they were
+        parts = self._parts(snapshot)
+        self._last = (inputs, parts)
+        return parts
+
+    def _parts(self, snapshot) -> list[Part]:
         families = self.collector._families()
         self.collector.add_store_families(families, snapshot)
         parts: list[Part] = []
