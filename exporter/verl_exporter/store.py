@@ -108,7 +108,8 @@ class StoreSnapshot:
     sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unreadable, None if readable
     runs_expired: dict[str, int] = field(default_factory=dict)  # reason (finished, idle) -> runs dropped
     run_cap_reached: bool = False  # a run was refused since a place under the cap last freed up
-    versions: dict[RunKey, int] = field(default_factory=dict)  # every run's version (all runs, not only ``runs``)
+    versions: dict[RunKey, int] | None = field(default_factory=dict)  # every run's version (None: as ``since``)
+    serial: int = 0  # changes whenever a run does, or a run is dropped
 
 
 class RunStore:
@@ -223,6 +224,7 @@ class RunStore:
             else:
                 continue
             del self._runs[key]
+            self._version += 1
             self._unconverted.discard(key)
             self._runs_expired[reason] += 1
             if self._cap_reached:
@@ -315,21 +317,26 @@ class RunStore:
         with self._lock:
             self._sources.pop(source, None)
 
-    def snapshot(self, known: dict[RunKey, int] | None = None) -> StoreSnapshot:
+    def snapshot(self, known: dict[RunKey, int] | None = None, since: int | None = None) -> StoreSnapshot:
         """A consistent copy of everything, for one scrape, with every series in base units.
 
         With ``known`` (run -> version, as a previous snapshot's ``versions``), ``runs`` holds only
-        the runs that changed or are new since; ``versions`` always names every run."""
+        the runs that changed or are new since; ``versions`` names every run. With ``since`` (a
+        previous snapshot's ``serial``) as well and no run changed since: no runs, versions None."""
         with self._lock:
             self._expire(self.clock())
             for run in self._unconverted:
                 self._convert(self._runs[run])
             self._unconverted.clear()
-            runs = [state.copy() for key, state in self._runs.items()
-                    if known is None or known.get(key) != state.version]
+            if since is not None and since == self._version:
+                runs, versions = [], None
+            else:
+                runs = [state.copy() for key, state in self._runs.items()
+                        if known is None or known.get(key) != state.version]
+                versions = {key: state.version for key, state in self._runs.items()}
             snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped,
                                      dict(self._values_dropped), dict(self._sources), dict(self._runs_expired),
-                                     self._cap_reached, {key: state.version for key, state in self._runs.items()})
+                                     self._cap_reached, versions, self._version)
         for state in runs:
             self._fill_series(state)
         return snapshot

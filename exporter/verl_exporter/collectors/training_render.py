@@ -88,6 +88,7 @@ class RunRenderCache:
         self.collector = collector
         self._lock = threading.Lock()
         self._versions: dict = {}  # run -> version rendered
+        self._serial: int | None = None  # the store's serial when last rendered
         self._runs: dict = {}  # run -> {family key: sample lines}
         self._headers: dict[str, bytes] = {}  # family key -> header lines
         self._joined: dict[str, bytes] | None = None  # family key -> every run's lines, in run order
@@ -100,11 +101,15 @@ class RunRenderCache:
             return Prerendered(self._render())
 
     def _render(self) -> list[Part]:
-        snapshot = self.collector.store.snapshot(known=self._versions)
-        changed = bool(snapshot.runs) or snapshot.versions.keys() != self._versions.keys()
+        snapshot = self.collector.store.snapshot(known=self._versions, since=self._serial)
+        self._serial = snapshot.serial
+        if snapshot.versions is None:  # no run changed, none came or went
+            snapshot.versions, changed = self._versions, False
+        else:
+            changed = bool(snapshot.runs) or snapshot.versions.keys() != self._versions.keys()
         for state in snapshot.runs:
             self._runs[state.run] = self._render_run(state)
-        for gone in self._versions.keys() - snapshot.versions.keys():
+        for gone in (self._versions.keys() - snapshot.versions.keys()) if changed else ():
             del self._runs[gone]
         self._versions = snapshot.versions
         if changed or self._joined is None:
