@@ -155,13 +155,13 @@ class RunStore:
                     return
             self._version += 1
             state.version = self._version
-            if state.active_at is None or record.time > state.active_at:
-                state.active_at = record.time
             if record.settings is not None or record.total_steps is not None:
                 self._describe(state, record)
                 return
             if record.source:
                 state.source = record.source
+            if state.active_at is None or record.time > state.active_at:
+                state.active_at = record.time  # the run's settings (a config file written at its start) do not count
             if record.finished:
                 state.finish(record.step)
                 return
@@ -194,7 +194,8 @@ class RunStore:
         """A place for a run not seen yet: None for a record of a run already past its idle
         retention (a backlog being read again), or when the run cap is reached even after dropping
         the runs retention lets go (logged once, counted)."""
-        if self.idle_retention and self.clock() - record.time > self.idle_retention:
+        describes = record.settings is not None or record.total_steps is not None
+        if self.idle_retention and not describes and self.clock() - record.time > self.idle_retention:
             return None
         if len(self._runs) >= self.max_runs:
             now = self.clock()
