@@ -260,6 +260,10 @@ def run_in_actor(release, run, config):
 
         if run == "agent" or release_tuple(release) >= (0, 7):
             import verl.experimental.agent_loop.agent_loop  # noqa: F401
+    if release_tuple(release) >= (0, 4):  # the line main_ppo's TaskRunner.run starts with
+        import socket
+
+        print(f"TaskRunner hostname: {socket.gethostname()}, PID: {os.getpid()}")
     pprint(OmegaConf.to_container(config, resolve=True))
     OmegaConf.resolve(config)
     recorder = Recorder()
@@ -277,14 +281,25 @@ def run_in_actor(release, run, config):
         error = f"{type(exc).__name__}: {exc}"
     sys.stdout.flush()
     sys.stderr.flush()
-    return {
-        "steps": recorder.steps,
-        "file_steps": recorder.file_steps,
-        "file_errors": recorder.file_errors,
+    logged = {
+        "release": release,
+        "project": str(config.trainer.project_name),
+        "experiment": str(config.trainer.experiment_name),
         "total_steps": int(trainer.total_training_steps),
-        "error": error,
-        "types": recorder.types,
+        "steps": recorder.steps,
+        "jsonl_steps": recorder.file_steps,
     }
+    types = {}
+    for step_types in recorder.types:
+        for key, name in step_types.items():
+            if name != "builtins.float":
+                types.setdefault(key, name)
+    logged["value_types"] = dict(sorted(types.items()))
+    if recorder.file_errors:
+        logged["file_logger_errors"] = recorder.file_errors
+    if error:
+        logged["error"] = error
+    return logged
 
 
 def dump_logged(logged):
@@ -302,10 +317,35 @@ def dump_logged(logged):
 
 
 class TaskRunner:
-    """Named like verl's driver actor, so Ray prefixes its lines with (TaskRunner pid=N)."""
+    """Named like verl's driver actor, so Ray prefixes its lines with (TaskRunner pid=N).
 
-    def run(self, release, run, config):
-        return run_in_actor(release, run, config)
+    Started by the release's own main_ppo.run_ppo, which calls run(config); which release and
+    run it is, and where the result goes, come through the environment Ray's workers inherit.
+    """
+
+    def run(self, config):
+        env = os.environ
+        logged = run_in_actor(env["VERL_FIXTURE_RELEASE"], env["VERL_FIXTURE_RUN"], config)
+        with open(env["VERL_FIXTURE_RESULT"], "w") as f:
+            json.dump(logged, f)
+
+
+def start(release, config):
+    """The release's main_ppo.run_ppo (ray.init with its runtime env, TaskRunner, ray.get)."""
+    import inspect
+
+    import ray
+
+    with Quiet():
+        import verl.trainer.main_ppo as main_ppo
+    runner_class = ray.remote(num_cpus=1)(TaskRunner)
+    if "task_runner_class" in inspect.signature(main_ppo.run_ppo).parameters:
+        main_ppo.run_ppo(config, task_runner_class=runner_class)
+    else:  # before 0.6 run_ppo starts the module's own TaskRunner
+        main_ppo.TaskRunner = runner_class
+        main_ppo.run_ppo(config)
+    time.sleep(3)  # let Ray forward the actor's last lines before the driver exits
+    ray.shutdown()
 
 
 def main():
@@ -326,45 +366,28 @@ def main():
     if here not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + [here])
     install_stubs(args.release)
-    import ray
-
+    result_path = os.path.abspath("result.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    os.environ.update(VERL_FIXTURE_RELEASE=args.release, VERL_FIXTURE_RUN=args.run,
+                      VERL_FIXTURE_RESULT=result_path)
     config = compose_config(args.release, args.run)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
-                                       "VLLM_LOGGING_LEVEL": "WARN"}})
-    runner = ray.remote(num_cpus=1)(TaskRunner).remote()
-    result = ray.get(runner.run.remote(args.release, args.run, config))
-    time.sleep(3)  # let Ray forward the actor's last lines before the driver exits
-    ray.shutdown()
-
-    logged = {
-        "release": args.release,
-        "project": str(config.trainer.project_name),
-        "experiment": str(config.trainer.experiment_name),
-        "total_steps": result["total_steps"],
-        "steps": result["steps"],
-        "jsonl_steps": result["file_steps"],
-    }
-    types = {}
-    for step_types in result["types"]:
-        for k, t in step_types.items():
-            if t != "builtins.float":
-                types.setdefault(k, t)
-    logged["value_types"] = dict(sorted(types.items()))
-    if result["file_errors"]:
-        logged["file_logger_errors"] = result["file_errors"]
-    if result["error"]:
-        logged["error"] = result["error"]
+    start(args.release, config)
+    if not os.path.exists(result_path):
+        print(f"verl {args.release} {args.run}: the TaskRunner wrote no result", file=sys.stderr)
+        return 1
+    with open(result_path) as f:
+        logged = json.load(f)
     with open(os.path.join(args.out, "logged.json"), "w") as f:
         f.write(dump_logged(logged))
     jsonl = os.path.join("logs", str(config.trainer.project_name), f"{config.trainer.experiment_name}.jsonl")
     if os.path.exists(jsonl):
         shutil.copyfile(jsonl, os.path.join(args.out, "metrics.jsonl"))
-    keys = sorted({k for s in result["steps"] for k in s["data"]})
+    keys = sorted({k for s in logged["steps"] for k in s["data"]})
     with open(os.path.join(args.out, "keys.txt"), "w") as f:
         f.write("".join(k + "\n" for k in keys))
-    if result["error"]:
-        print(f"verl {args.release} {args.run}: fit() failed: {result['error']}", file=sys.stderr)
+    if logged.get("error"):
+        print(f"verl {args.release} {args.run}: fit() failed: {logged['error']}", file=sys.stderr)
         return 1
     return 0
 

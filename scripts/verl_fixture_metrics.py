@@ -34,24 +34,40 @@ def agent_loop_timing(w, out, b):
 
 
 def actor_metrics(w):
-    """Per-micro-batch actor metrics as that release's dp_actor/fsdp_workers log them."""
+    """Actor update metrics shaped as that release's dp_actor (or 0.8+ engine loss) logs them.
+
+    0.3: entropy_loss, pg_loss, pg_clipfrac, ppo_kl per micro-batch, kl_loss/kl_coef last value;
+    0.4-0.6: pg_clipfrac_lower too, kl_loss/kl_coef per micro-batch; 0.7: pg_loss and kl_loss
+    summed over micro-batches (kl_loss 0.0 without a KL loss); 0.8+: the engine loss's metrics.
+    """
     from verl.utils.py_functional import append_to_dict
 
     step = max(w.step, 1)
     grpo = w.run in ("grpo", "agent")
-    metrics = {}
+    metrics = {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0} if w.rel[:2] == (0, 7) else {}
     for _ in range(4):
+        pg_loss = (-0.02 if grpo else 0.05) + 0.04 * (float(w.rand(1)) - 0.5)
+        kl_loss = 0.0005 * step + 0.0002 * float(w.rand(1))
         micro = {}
-        if w.rel < (0, 6):
+        if w.rel < (0, 4):
             micro["actor/entropy_loss"] = 0.9 - 0.03 * step + 0.02 * float(w.rand(1))
-        micro["actor/pg_loss"] = (-0.02 if grpo else 0.05) + 0.04 * (float(w.rand(1)) - 0.5)
-        micro["actor/pg_clipfrac"] = (0.0 if grpo else 0.002 + 0.004 * float(w.rand(1)))
+        if w.rel[:2] == (0, 7):
+            metrics["actor/pg_loss"] += pg_loss / 4
+            metrics["actor/kl_loss"] += kl_loss / 4 if grpo else 0.0
+        else:
+            micro["actor/pg_loss"] = pg_loss
+        micro["actor/pg_clipfrac"] = 0.0 if grpo else 0.002 + 0.004 * float(w.rand(1))
         micro["actor/ppo_kl"] = (-8e-06 + 2e-06 * (float(w.rand(1)) - 0.5)) if grpo else 1e-4 * float(w.rand(1))
         if w.rel >= (0, 4):
             micro["actor/pg_clipfrac_lower"] = 0.0
-        if grpo:
-            micro["actor/kl_loss"] = 0.0005 * step + 0.0002 * float(w.rand(1))
+        if grpo and w.rel < (0, 4):
+            metrics["actor/kl_loss"], metrics["actor/kl_coef"] = kl_loss, 0.001
+        elif grpo and w.rel[:2] == (0, 7):
             micro["actor/kl_coef"] = 0.001
+        elif grpo and w.rel >= (0, 8):  # unprefixed: the trainer's rename_dict adds actor/
+            micro["kl_loss"], micro["kl_coef"] = kl_loss, 0.001
+        elif grpo:
+            micro["actor/kl_loss"], micro["actor/kl_coef"] = kl_loss, 0.001
         append_to_dict(metrics, micro)
     grad_norm = 0.3 + 0.1 * float(w.rand(1))
     grad_norm = NONFINITE.get(w.run, {}).get(w.step, grad_norm)
@@ -60,7 +76,7 @@ def actor_metrics(w):
         # 0.8+ engine workers return unprefixed loss/grad_norm/lr/perf/mfu; the trainer's
         # rename_dict adds "actor/" and turns actor/mfu into perf/mfu/actor.
         out = {k: v for k, v in metrics.items() if k != "actor/grad_norm"}
-        out["loss"] = sum(metrics["actor/pg_loss"]) / 4
+        out["loss"] = sum(metrics["actor/pg_loss"]) / 4 + (sum(metrics["kl_loss"]) / 4000 if grpo else 0.0)
         out["grad_norm"] = metrics["actor/grad_norm"][0]
         out["lr"] = 1e-06
         out["perf/max_memory_allocated_gb"] = 41.2 + 0.3 * float(w.rand(1))

@@ -262,12 +262,14 @@ class FakeWorkerGroup:
         w = self.w
         if w.agent_loop:
             return agent_loop_timing(w, out, b)
-        return {
-            "generate_sequences": 20.0 + 5 * float(w.rand(1)),
-            "generation_timing/max": 21.0 + float(w.rand(1)),
-            "generation_timing/min": 18.0 + float(w.rand(1)),
-            "generation_timing/topk_ratio": 0.9 + 0.1 * float(w.rand(1)),
-        }
+        timing = {"generate_sequences": 20.0 + 5 * float(w.rand(1))}
+        if w.rel < (0, 6):  # fsdp_workers + the vLLM sharding manager's reshard timer
+            timing["reshard"] = 0.8 + 0.2 * float(w.rand(1))
+        else:  # 0.6 fsdp_workers: topk_reduce_ratio_min_max over ranks
+            timing["generation_timing/max"] = 21.0 + float(w.rand(1))
+            timing["generation_timing/min"] = 18.0 + float(w.rand(1))
+            timing["generation_timing/topk_ratio"] = 0.9 + 0.1 * float(w.rand(1))
+        return timing
 
     # --- forward passes
     def compute_log_prob(self, data):
