@@ -142,6 +142,9 @@ def reward_fn_for(w):
         reward[torch.arange(b), idx] = correct
         if not return_dict:
             return reward
-        return {"reward_tensor": reward, "reward_extra_info": {"acc": correct.tolist()}}
+        # "pred", the extracted answer, is what process_validation_metrics votes on (maj@N)
+        wrong = ["B" if float(x) < 0.5 else "C" for x in w.rand(b)]
+        pred = ["A" if c else x for c, x in zip(correct.tolist(), wrong)]
+        return {"reward_tensor": reward, "reward_extra_info": {"acc": correct.tolist(), "pred": pred}}
 
     return reward_fn

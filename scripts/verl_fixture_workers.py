@@ -25,7 +25,8 @@ class FakeTokenizer:
     padding_side = "left"
 
     def decode(self, ids, skip_special_tokens=True):
-        return " ".join(str(int(i)) for i in list(ids)[:8])
+        kept = [int(i) for i in ids if not (skip_special_tokens and int(i) == self.pad_token_id)]
+        return " ".join(str(i) for i in kept[:8])
 
     def batch_decode(self, batch, skip_special_tokens=True):
         return [self.decode(ids) for ids in batch]
