@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER = REPO / "scripts" / "verl_fixture_driver.py"
+DRIVER_MODULES = ["verl_fixture_driver.py", "verl_fixture_stubs.py", "verl_fixture_workers.py",
+                  "verl_fixture_metrics.py"]
 OUT = REPO / "tests" / "fixtures" / "verl"
 WORK = Path(os.environ.get("VERL_FIXTURES_WORK", "/tmp/verl-fixtures"))
 
@@ -96,6 +97,16 @@ def release_dir(python, release):
     return target
 
 
+def driver():
+    """The driver and its modules, copied into the work folder: warnings verl prints name the
+    caller's file, and the fixtures should not carry the checkout's path."""
+    folder = WORK / "driver"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in DRIVER_MODULES:
+        shutil.copyfile(REPO / "scripts" / name, folder / name)
+    return folder / DRIVER_MODULES[0]
+
+
 def drive(python, target, release, run):
     """Run the driver for one run; console.log is its stdout and stderr as one stream."""
     out = OUT / release / run
@@ -113,7 +124,7 @@ def drive(python, target, release, run):
     started = time.monotonic()
     with open(out / "console.log", "wb") as console:
         proc = subprocess.run(
-            [str(python), str(DRIVER), "--release", release, "--run", run, "--out", str(out)],
+            [str(python), str(driver()), "--release", release, "--run", run, "--out", str(out)],
             stdout=console, stderr=subprocess.STDOUT, cwd=scratch, env=env, timeout=600,
         )
     took = time.monotonic() - started
