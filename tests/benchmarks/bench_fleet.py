@@ -2,7 +2,8 @@
 
 Each figure is taken against a reference measured in the same run, on the same machine load:
 
-- ``runs``: scrape median with N runs of the simulator's verl key set, against a plain HTTP server
+- ``runs``: scrape median with N runs of verl 0.9.1's PPO key set (the fixture run's training and
+  validation keys), against a plain HTTP server
   (another process) sending the same bytes; once with nothing changing, once after every run logged
   a new step;
 - ``backlog``: F files with M MB of backlog each (hard links of one simulated JSONL file, so the
@@ -25,6 +26,7 @@ knows are never passed, so both run with their defaults.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -129,10 +131,26 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
 
 
-def _step_line(step: int) -> str:
+VERL_09 = REPO / "tests" / "fixtures" / "verl" / "0.9.1" / "ppo" / "metrics.jsonl"
+
+
+@functools.lru_cache(maxsize=1)
+def _key_set() -> dict:
+    """Every key verl 0.9.1's PPO trainer logged in the fixture run (training and validation), else
+    the simulator's step."""
+    if VERL_09.exists():
+        values: dict = {}
+        for line in VERL_09.read_text().splitlines():
+            values.update(json.loads(line)["data"])
+        return values
     from verl_exporter import simulate
 
-    return json.dumps({"step": step, "data": simulate.step_values("healthy", step)}) + "\n"
+    return simulate.step_values("healthy", 1)
+
+
+def _step_line(step: int) -> str:
+    data = {key: value * (1 + step / 1000) if isinstance(value, float) else value for key, value in _key_set().items()}
+    return json.dumps({"step": step, "data": data}) + "\n"
 
 
 def _touch_all(paths) -> None:
