@@ -114,6 +114,19 @@ class _Signals:
                 return "reload"
 
 
+def _open_file_cap(wanted: int) -> int:
+    """``--source.max-open-files``, lowered to half the process's descriptor limit where that is less
+    (sockets, the GPU library and scrapes need descriptors too)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft // 2:
+        return wanted
+    log.warning("--source.max-open-files=%d is more than half the descriptor limit (%d): using %d",
+                wanted, soft, max(8, soft // 2))
+    return max(8, soft // 2)
+
+
 class Exporter:
     """The running exporter: everything ``main`` starts, so tests can start it in-process too."""
 
@@ -126,8 +139,12 @@ class Exporter:
         self.web = web or web_config.WebConfig()
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
+        from .sources.tail import OpenFiles
+
         self.store = RunStore(default_catalog(), max_series_per_run=settings.store_max_series_per_run,
-                              max_runs=settings.store_max_runs)
+                              max_runs=settings.store_max_runs, retention=settings.store_retention_seconds,
+                              idle_retention=settings.store_idle_retention_seconds)
+        self.open_files = OpenFiles(_open_file_cap(settings.source_max_open_files))
         patterns = list(settings.source)
         if settings.simulate:
             patterns.append(self._start_simulation())
@@ -154,7 +171,8 @@ class Exporter:
         from .sources import Source
 
         fmt = "config" if pattern == self.settings.run_config else settings.source_format  # --run.config
-        return Source(pattern, self.store, fmt=fmt, project=settings.project, experiment=settings.experiment)
+        return Source(pattern, self.store, fmt=fmt, project=settings.project, experiment=settings.experiment,
+                      open_files=self.open_files)
 
     def _collectors(self) -> dict:
         settings = self.settings
@@ -212,22 +230,24 @@ class Exporter:
         return str(path)
 
     def ready(self) -> bool:
-        """Ready once every source has read the lines that existed when it started."""
-        return not any(source.behind for source in self.ingestor.sources)
+        """Ready once every source has read all the lines its files held when it started."""
+        return all(source.caught_up for source in self.ingestor.sources)
 
     def start(self, address: tuple[str, int]) -> None:
+        """Listen first, then read the sources' backlogs in the background (/-/ready says when done)."""
         if not self.ingestor.sources and self.settings.collector_training:
             log.warning("no --source given: serving GPU and host metrics only")
+        from .collectors.training_render import SharedRender
+
+        self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
+                               ready=self.ready, web=self.web, render_text=SharedRender(self.registry))
+        host, port = self.server.server_address[:2]
+        log.info("listening on %s:%s%s (%s)", host, port, self.settings.web_telemetry_path, self.web.describe())
         if self.ingestor.sources:
             log.info("reading what the sources hold")
-        self.ingestor.poll_all()  # a first bounded read, so /-/ready means something at once
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
             self.gpu_backend.start()
-        self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
-                               ready=self.ready, web=self.web)
-        host, port = self.server.server_address[:2]
-        log.info("listening on %s:%s%s (%s)", host, port, self.settings.web_telemetry_path, self.web.describe())
 
     def reload(self) -> bool:
         """Read --config.file and --web.config.file again (SIGHUP). All or nothing: a file that does

@@ -43,6 +43,8 @@ OPTIONS = [
     Option("run.config", None, "the run's config: hydra's .hydra/config.yaml or a saved config print, when "
            "the logs followed do not print it (a JSONL-only run)"),
     Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
+    Option("source.max-open-files", 256, "cap on log files held open at once; others are reopened by "
+           "path and inode when they grow", int),
     Option("project", None, "trainer.project_name of the run (default: from the config verl prints, "
            "else the source file's directory name)"),
     Option("experiment", None, "trainer.experiment_name of the run (default: from the config verl "
@@ -58,6 +60,8 @@ OPTIONS = [
     Option("gpu.fake", None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)"),
     Option("store.max-series-per-run", 2000, "cap on exported series per run", int),
     Option("store.max-runs", 1000, "cap on runs followed", int),
+    Option("store.retention", "0", "drop a finished run this long after its last line was written (0: keep it)"),
+    Option("store.idle-retention", "0", "drop a run with no new step for this long (0: keep it)"),
     Option("simulate", None, "also write a simulated verl run with this scenario and follow it"),
     Option("simulate.format", "console", "format of the simulated run: jsonl or console"),
     Option("simulate.interval", 1.0, "seconds between simulated steps", float),
@@ -176,6 +180,21 @@ def _check(settings: Settings) -> None:
             re.compile(settings.job_match)
         except re.error as exc:
             raise ConfigError(f"--job.match is not a valid regular expression: {exc}") from None
-    for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs"):
+    for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs",
+                 "source.max-open-files"):
         if getattr(settings, attr(flag)) <= 0:
             raise ConfigError(f"--{flag} must be positive")
+    for flag in ("store.retention", "store.idle-retention"):
+        setattr(settings, attr(flag) + "_seconds", parse_duration(flag, getattr(settings, attr(flag))))
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(flag: str, text) -> float:
+    """Seconds of a Prometheus-style duration (``90s``, ``30m``, ``24h``, ``7d``; a bare number is
+    seconds); ConfigError if it is none or negative."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*", str(text))
+    if not match:
+        raise ConfigError(f"--{flag} must be a duration such as 30m, 24h or 7d, not {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]

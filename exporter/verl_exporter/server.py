@@ -98,13 +98,15 @@ class ExporterHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str,
-                 ready: Callable[[], bool], web: WebConfig | None = None):
+                 ready: Callable[[], bool], web: WebConfig | None = None,
+                 render_text: Callable[[bool], bytes] | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         if address[0] == "":
             self.address_family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
         self.registry = registry
         self.telemetry_path = telemetry_path
         self.ready = ready
+        self.render_text = render_text  # the whole text format (gzipped: True), shared by concurrent scrapes
         self.web = web or WebConfig()  # replaced whole on reload; each connection reads it once
         super().__init__(address, _Handler)
 
@@ -194,14 +196,16 @@ class _Handler(BaseHTTPRequestHandler):
         if names:
             registry = NameFilter(registry, names)
         headers = {"Vary": "Accept, Accept-Encoding"}
+        compress = accepts_gzip(self.headers.get("Accept-Encoding", ""))
+        cached = encoder is generate_latest and not names and self.server.render_text is not None
         try:
-            body = encoder(registry)
+            body = self.server.render_text(compress) if cached else encoder(registry)
         except Exception:  # a broken collector must not kill the connection silently
             log.exception("scrape failed")
             self._reply(500, b"scrape failed; see the exporter's log\n", headers=headers)
             return
-        if accepts_gzip(self.headers.get("Accept-Encoding", "")):
-            body = gzip.compress(body, compresslevel=1)
+        if compress:
+            body = body if cached else gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         self._reply(200, body, content_type, headers)
 
@@ -236,9 +240,11 @@ def _landing_page(path: str) -> bytes:
 
 def serve(address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str = "/metrics",
           ready: Callable[[], bool] = lambda: True,
-          web: WebConfig | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
-    """Bind (OSError if the port is taken) and serve in a daemon thread."""
-    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web)
+          web: WebConfig | None = None,
+          render_text: Callable[[bool], bytes] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
+    """Bind (OSError if the port is taken) and serve in a daemon thread. ``render_text``, when
+    given, renders the text format in place of client_python's writer (see training_render)."""
+    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web, render_text)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread

@@ -4,17 +4,25 @@ Sources write into it (``ingest``, ``parse_error``, ``values_dropped``, ``source
 training collector reads a snapshot at scrape time. Thread-safe and bounded: at most ``max_runs``
 runs and, per run, ``max_series_per_run`` keys outside the catalog and as many keys of its
 families (``val-core/...``); keys the catalog lists are always kept, however many came first.
-What the caps drop is counted. Nothing is removed while the exporter runs.
+What the caps drop is counted. Runs are removed only by retention (below).
 
 Ingestion is the hot path (every key of every logged line), so ``ingest`` only records each run's
 latest raw values. A source may hand over values still as the text it read (``"0.125"``), already
 checked to look numeric: they are converted once, when a snapshot first sees them, and names and
 units are applied to the latest values only, at scrape time.
+
+Retention: a run that finished ``retention`` seconds ago, or logged no step for ``idle_retention``
+seconds (by the time its lines were written), is dropped and counted; its place under the run cap
+is free again. Reaching the run cap is logged once (until a place frees up) and flagged in the
+snapshot. Every run carries a ``version`` that changes whenever the run does, so a renderer can
+reuse what it rendered of an unchanged run.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +30,8 @@ from . import run_settings
 from .catalog import Catalog, Resolved
 from .records import Record, RunKey
 
+log = logging.getLogger(__name__)
+EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 
 
@@ -50,6 +60,8 @@ class RunState:
     finished_at: int | None = None
     config: dict[str, float] = field(default_factory=dict)
     config_info: dict[str, str] = field(default_factory=dict)
+    active_at: float | None = None  # when the latest record of the run was written
+    version: int = 0  # changes whenever the run does
 
     def copy(self) -> "RunState":
         return RunState(
@@ -69,6 +81,8 @@ class RunState:
             finished_at=self.finished_at,
             config=dict(self.config),
             config_info=dict(self.config_info),
+            active_at=self.active_at,
+            version=self.version,
         )
 
     def finish(self, step: int) -> None:
@@ -92,14 +106,26 @@ class StoreSnapshot:
     runs_dropped: int
     values_dropped: dict[tuple[str, str], int] = field(default_factory=dict)  # (source, reason)
     sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unreadable, None if readable
+    runs_expired: dict[str, int] = field(default_factory=dict)  # reason (finished, idle) -> runs dropped
+    run_cap_reached: bool = False  # a run was refused since a place under the cap last freed up
+    versions: dict[RunKey, int] | None = field(default_factory=dict)  # every run's version (None: as ``since``)
+    serial: int = 0  # changes whenever a run does, or a run is dropped
 
 
 class RunStore:
     """Latest values per run, fed by sources, read by the training collector."""
 
     def __init__(self, catalog: Catalog, *, max_series_per_run: int = 2000, max_runs: int = 1000,
-                 max_error_sources: int = 1000):
+                 max_error_sources: int = 1000, retention: float = 0.0, idle_retention: float = 0.0,
+                 clock=time.time):
         self.catalog = catalog
+        self.retention = retention
+        self.idle_retention = idle_retention
+        self.clock = clock
+        self._runs_expired: Counter = Counter()
+        self._cap_reached = False
+        self._swept_at = float("-inf")
+        self._version = 0
         self.max_series_per_run = max_series_per_run
         self.max_runs = max_runs
         self.max_error_sources = max_error_sources
@@ -124,15 +150,18 @@ class RunStore:
         with self._lock:
             state = self._runs.get(record.run)
             if state is None:
-                if len(self._runs) >= self.max_runs:
-                    self._runs_dropped += 1
+                state = self._new_run(record)
+                if state is None:
                     return
-                state = self._runs[record.run] = RunState(record.run)
+            self._version += 1
+            state.version = self._version
             if record.settings is not None or record.total_steps is not None:
                 self._describe(state, record)
                 return
             if record.source:
                 state.source = record.source
+            if state.active_at is None or record.time > state.active_at:
+                state.active_at = record.time  # the run's settings (a config file written at its start) do not count
             if record.finished:
                 state.finish(record.step)
                 return
@@ -160,6 +189,48 @@ class RunStore:
                 for key, value in values.items():
                     if value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
+
+    def _new_run(self, record: Record) -> RunState | None:
+        """A place for a run not seen yet: None for a record of a run already past its idle
+        retention (a backlog being read again), or when the run cap is reached even after dropping
+        the runs retention lets go (logged once, counted)."""
+        describes = record.settings is not None or record.total_steps is not None
+        if self.idle_retention and not describes and self.clock() - record.time > self.idle_retention:
+            return None
+        if len(self._runs) >= self.max_runs:
+            now = self.clock()
+            if now - self._swept_at >= EXPIRY_CHECK_SECONDS:
+                self._expire(now)
+            if len(self._runs) >= self.max_runs:
+                self._runs_dropped += 1
+                if not self._cap_reached:
+                    self._cap_reached = True
+                    log.warning("reached the cap of %d runs (--store.max-runs): records of new runs are dropped "
+                                "until retention frees a place", self.max_runs)
+                return None
+        state = self._runs[record.run] = RunState(record.run)
+        return state
+
+    def _expire(self, now: float) -> None:
+        """Drop the runs retention lets go: finished ``retention`` ago, idle for ``idle_retention``."""
+        self._swept_at = now
+        if not (self.retention or self.idle_retention):
+            return
+        for key, state in list(self._runs.items()):
+            age = now - state.active_at if state.active_at is not None else 0.0
+            if self.retention and state.finished and age > self.retention:
+                reason = "finished"
+            elif self.idle_retention and age > self.idle_retention:
+                reason = "idle"
+            else:
+                continue
+            del self._runs[key]
+            self._version += 1
+            self._unconverted.discard(key)
+            self._runs_expired[reason] += 1
+            if self._cap_reached:
+                self._cap_reached = False
+                log.info("a place under the run cap is free again")
 
     def _describe(self, state: RunState, record: Record) -> None:
         """Take a record about the run: its settings (config) and its length."""
@@ -247,15 +318,26 @@ class RunStore:
         with self._lock:
             self._sources.pop(source, None)
 
-    def snapshot(self) -> StoreSnapshot:
-        """A consistent copy of everything, for one scrape, with every series in base units."""
+    def snapshot(self, known: dict[RunKey, int] | None = None, since: int | None = None) -> StoreSnapshot:
+        """A consistent copy of everything, for one scrape, with every series in base units.
+
+        With ``known`` (run -> version, as a previous snapshot's ``versions``), ``runs`` holds only
+        the runs that changed or are new since; ``versions`` names every run. With ``since`` (a
+        previous snapshot's ``serial``) as well and no run changed since: no runs, versions None."""
         with self._lock:
+            self._expire(self.clock())
             for run in self._unconverted:
                 self._convert(self._runs[run])
             self._unconverted.clear()
-            runs = [state.copy() for state in self._runs.values()]
+            if since is not None and since == self._version:
+                runs, versions = [], None
+            else:
+                runs = [state.copy() for key, state in self._runs.items()
+                        if known is None or known.get(key) != state.version]
+                versions = {key: state.version for key, state in self._runs.items()}
             snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped,
-                                     dict(self._values_dropped), dict(self._sources))
+                                     dict(self._values_dropped), dict(self._sources), dict(self._runs_expired),
+                                     self._cap_reached, versions, self._version)
         for state in runs:
             self._fill_series(state)
         return snapshot

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, BenchmarkError, environment, print_table, write_json  # noqa: E402
 
-BENCHMARKS = ("scrape", "ingest", "overhead", "rules")
+BENCHMARKS = ("scrape", "ingest", "overhead", "rules", "fleet")
 
 FULL = {
     "scrapes": 300,
@@ -91,6 +91,10 @@ def run_one(name: str, args: argparse.Namespace, work: Path):
         import bench_ingest
 
         return bench_ingest.run(work, args.cache, target_bytes=int(args.ingest_mb * 1_000_000))
+    if name == "fleet":  # its own sizes: bench_fleet.py --help
+        import bench_fleet
+
+        return bench_fleet.run(work, args.cache, **(bench_fleet.QUICK if args.quick else bench_fleet.FULL))
     if name == "overhead":
         import bench_overhead
 

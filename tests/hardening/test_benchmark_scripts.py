@@ -15,7 +15,8 @@ def test_quick_benchmark_run_writes_every_result(tmp_path):
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for name, measure in [("scrape", "ratio of medians (ours / node_exporter)"), ("ingest", "jsonl: throughput"),
-                          ("overhead", "1 run: share of one core"), ("rules", "2 runs: rule evaluation, all groups")]:
+                          ("overhead", "1 run: share of one core"), ("rules", "2 runs: rule evaluation, all groups"),
+                          ("fleet", "20 runs: scrape median")]:
         data = json.loads((out / f"{name}.json").read_text())
         assert data["environment"]["quick"] is True and data["environment"]["commit"]
         rows = {row["what"]: row for row in data["table"]}
@@ -24,6 +25,8 @@ def test_quick_benchmark_run_writes_every_result(tmp_path):
     scrape = json.loads((out / "scrape.json").read_text())["figures"]
     assert scrape["verl-exporter"]["n"] == scrape["node_exporter"]["n"] == 20
     assert scrape["verl-exporter"]["series"] > 300  # every catalog metric, 8 GPUs, host
+    fleet = json.loads((out / "fleet.json").read_text())["figures"]
+    assert fleet["descriptors"]["runs_served"] == 60 and fleet["backlog"]["ready_was_complete"]
     rules = json.loads((out / "rules.json").read_text())["figures"]
     assert rules["rule_files"], "no shipped rule file was found"
     assert rules["by_runs"]["4"]["series_per_run"] > 0

@@ -25,8 +25,9 @@ and for the exporter: ``verl_exporter_parse_errors_total{source}``,
 ``verl_exporter_values_dropped_total{source,reason}`` (values that are no number: reason
 ``not_a_number``, ``object``, ``list`` or ``null``), ``verl_exporter_source_up{source}`` (1 when a
 configured path or a glob's match can be read, 0 when it is missing, not a regular file or
-unreadable), ``verl_training_runs`` and ``verl_training_runs_dropped_total`` (runs refused by the
-run cap).
+unreadable), ``verl_training_runs``, ``verl_training_runs_dropped_total`` (records refused by the
+run cap), ``verl_training_run_cap_reached`` (1 while it refuses) and
+``verl_training_runs_expired_total{reason}`` (runs dropped by retention: finished or idle).
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ RUN_LABELS = ["project", "experiment"]
 
 
 class TrainingCollector:
+    """The training families. ``collect()`` hands them over as client_python families; inside
+    ``training_render.render_text`` it hands over one family already rendered, from a cache that
+    formats each run once per change (see ``training_render``)."""
+
     def __init__(self, store: RunStore):
+        from .training_render import RunRenderCache
+
         self.store = store
+        self.cache = RunRenderCache(self)
 
     def describe(self) -> Iterable[Metric]:
         return self._families().values()
@@ -56,50 +64,74 @@ class TrainingCollector:
         return families
 
     def collect(self) -> Iterable[Metric]:
+        from .training_render import PRERENDER
+
+        if PRERENDER.get():
+            yield self.cache.render()
+            return
         snapshot = self.store.snapshot()
         families = self._families()
-        info_labels = run_settings.info_labels(self.store.catalog)
         logged: dict[str, GaugeMetricFamily] = {}
         for state in sorted(snapshot.runs, key=lambda s: s.run):
-            run = [state.run.project, state.run.experiment]
-            if state.last_step is not None:
-                families["last_step"].add_metric(run, state.last_step)
-            if state.last_step_time is not None:
-                families["last_step_time"].add_metric(run, state.last_step_time)
-            families["steps"].add_metric(run, state.steps_ingested)
-            families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
-            families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
-            families["info"].add_metric(run + [state.source], 1.0)
-            if state.total_steps is not None:
-                families["total_steps"].add_metric(run, state.total_steps)
-            for key, value in sorted(state.config.items()):
-                families["config"].add_metric(run + [key], value)
-            if state.config_info:
-                families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels],
-                                                   1.0)
-            for key, count in sorted(state.nonfinite.items()):
-                families["nonfinite"].add_metric(run + [key], count)
-            for (name, label_values), (resolved, value) in state.series.items():
-                family = logged.get(name)
-                if family is None:
-                    spec = resolved.spec
-                    family = logged[name] = GaugeMetricFamily(
-                        name, spec.full_help(), labels=RUN_LABELS + list(spec.label_names)
-                    )
-                family.add_metric(run + list(label_values), value)
+            for key, family in self.run_families(state).items():
+                if key.startswith("verl_"):
+                    if logged.setdefault(key, family) is not family:
+                        logged[key].samples += family.samples
+                else:
+                    families[key].samples += family.samples
+        self.add_store_families(families, snapshot)
+        for name in ("total_steps", "config", "config_info"):  # only where some run has them
+            if not families[name].samples:
+                del families[name]
+        yield from families.values()
+        yield from (logged[name] for name in sorted(logged))
+
+    def run_families(self, state, logged: bool = True) -> dict[str, Metric]:
+        """One run's families: the per-run ones by key (``last_step``, ...), the logged series by
+        metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
+        families = self._families()
+        info_labels = run_settings.info_labels(self.store.catalog)
+        run = [state.run.project, state.run.experiment]
+        if state.last_step is not None:
+            families["last_step"].add_metric(run, state.last_step)
+        if state.last_step_time is not None:
+            families["last_step_time"].add_metric(run, state.last_step_time)
+        families["steps"].add_metric(run, state.steps_ingested)
+        families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
+        families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
+        families["info"].add_metric(run + [state.source], 1.0)
+        if state.total_steps is not None:
+            families["total_steps"].add_metric(run, state.total_steps)
+        for key, value in sorted(state.config.items()):
+            families["config"].add_metric(run + [key], value)
+        if state.config_info:
+            families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels], 1.0)
+        for key, count in sorted(state.nonfinite.items()):
+            families["nonfinite"].add_metric(run + [key], count)
+        out = {key: family for key, family in families.items() if family.samples}
+        for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
+            family = out.get(name)
+            if family is None:
+                spec = resolved.spec
+                family = out[name] = GaugeMetricFamily(name, spec.full_help(),
+                                                       labels=RUN_LABELS + list(spec.label_names))
+            family.add_metric(run + list(label_values), value)
+        return out
+
+    @staticmethod
+    def add_store_families(families: dict[str, Metric], snapshot) -> None:
+        """The exporter-wide families of the store: parse errors, dropped values, sources, runs."""
         for source, count in sorted(snapshot.parse_errors.items()):
             families["parse_errors"].add_metric([source], count)
         for (source, reason), count in sorted(snapshot.values_dropped.items()):
             families["values_dropped"].add_metric([source, reason], count)
         for source, reason in sorted(snapshot.sources.items()):
             families["source_up"].add_metric([source], 0.0 if reason else 1.0)
-        families["runs"].add_metric([], len(snapshot.runs))
+        families["runs"].add_metric([], len(snapshot.versions))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
-        for name in ("total_steps", "config", "config_info"):  # only where some run has them
-            if not families[name].samples:
-                del families[name]
-        yield from families.values()
-        yield from (logged[name] for name in sorted(logged))
+        for reason in ("finished", "idle"):
+            families["runs_expired"].add_metric([reason], snapshot.runs_expired.get(reason, 0))
+        families["run_cap_reached"].add_metric([], 1.0 if snapshot.run_cap_reached else 0.0)
 
     @staticmethod
     def _run_families() -> dict[str, Metric]:
@@ -144,4 +176,11 @@ class TrainingCollector:
             "runs": GaugeMetricFamily("verl_training_runs", "Runs the exporter follows."),
             "runs_dropped": CounterMetricFamily(
                 "verl_training_runs_dropped", "Records refused because the exporter reached its run cap."),
+            "runs_expired": CounterMetricFamily(
+                "verl_training_runs_expired",
+                "Runs no longer served: finished longer than --store.retention ago, or idle longer than "
+                "--store.idle-retention (reason finished or idle).", labels=["reason"]),
+            "run_cap_reached": GaugeMetricFamily(
+                "verl_training_run_cap_reached",
+                "1 while the exporter refuses new runs for reaching --store.max-runs, else 0."),
         }

@@ -33,7 +33,7 @@ from verl_exporter.sources.run_config import (
     read_config_text,
     run_names,
 )
-from verl_exporter.sources.tail import FileFollower
+from verl_exporter.sources.tail import FileFollower, OpenFiles
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 
@@ -104,6 +104,7 @@ class Source:
         experiment: str | None = None,
         clock: Callable[[], float] = time.time,
         max_line_bytes: int = 1 << 20,
+        open_files: OpenFiles | None = None,
     ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown log format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -113,7 +114,7 @@ class Source:
         self.project = clean_text(project) if project else project  # a flag may hold surrogates
         self.experiment = clean_text(experiment) if experiment else experiment
         self.clock = clock
-        self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
+        self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes, open_files=open_files)
         self._files: dict[str, _FileState] = {}
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
         self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
@@ -125,6 +126,11 @@ class Source:
         """True when the last poll stopped before the end of a file (a backlog is being read)."""
         return self.follower.behind
 
+    @property
+    def caught_up(self) -> bool:
+        """True once a poll has read every line its files held (the backlog at start is ingested)."""
+        return self.follower.caught_up
+
     def close(self) -> None:
         """Stop following; the store forgets this source's paths (a reload may have dropped it)."""
         self.follower.close()
@@ -132,21 +138,28 @@ class Source:
         self._report_status(self.clock())
 
     def poll(self) -> int:
-        """Read what was written since the last poll; return the number of records ingested."""
+        """Read what was written since the last poll; return the number of records ingested.
+
+        Lines are parsed one file at a time as they are read: a backlog is never held whole."""
+        ingested = 0
+        written_at: dict[str, float] = {}
+        now = self.clock()
         try:
-            lines = self.follower.poll()
+            for lines in self.follower.poll_iter():
+                ingested += self._ingest_lines(lines, written_at, now)
             oversize = self.follower.take_oversize()
-            now = self.clock()
         except Exception as exc:  # following must never stop ingestion
             self._warn(self.pattern, f"cannot follow {display_path(self.pattern)}: {exc!r}", time.time())
-            return 0
+            return ingested
         if self.follower.status != self._reported:
             self._report_status(now)
         for path, size in oversize:
             limit = self.follower.max_line_bytes
             self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
+        return ingested + self._read_config_files(written_at, now)
+
+    def _ingest_lines(self, lines: list[tuple[str, str]], written_at: dict[str, float], now: float) -> int:
         ingested = 0
-        written_at: dict[str, float] = {}
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
@@ -167,7 +180,7 @@ class Source:
                 self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
                 continue
             ingested += 1
-        return ingested + self._read_config_files(written_at, now)
+        return ingested
 
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(display_path(path), run_for(path, self.project, self.experiment),

@@ -6,8 +6,11 @@ import glob
 import logging
 import os
 import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 
 from verl_exporter.records import display_path
 
@@ -16,6 +19,53 @@ log = logging.getLogger(__name__)
 _GONE = object()  # a matched path that is no longer there: no status to report
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+DEFAULT_MAX_OPEN_FILES = 256
+
+
+class OpenFiles:
+    """The descriptors every follower holds, at most ``limit`` of them (``--source.max-open-files``).
+
+    Opening one more closes the least recently read file; its follower reopens it by path when it
+    grows, checking that the path still names the same inode. Rotated-away and deleted files that
+    still have lines to read are pinned: they have no path to be reopened by.
+    """
+
+    def __init__(self, limit: int = DEFAULT_MAX_OPEN_FILES) -> None:
+        self.limit = max(1, limit)
+        self.evictions = 0  # files closed to make room, since start
+        self._lru: OrderedDict[int, _Handle] = OrderedDict()
+        self._pinned: set[int] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._lru) + len(self._pinned)
+
+    def add(self, handle: _Handle) -> None:
+        """``handle`` was just opened (or read): make it the most recent, closing others over the limit."""
+        with self._lock:
+            key = id(handle)
+            if key in self._pinned:
+                return
+            self._lru[key] = handle
+            self._lru.move_to_end(key)
+            while len(self._lru) + len(self._pinned) > self.limit and len(self._lru) > 1:
+                _, victim = self._lru.popitem(last=False)
+                self.evictions += 1
+                _close_fd(victim)
+
+    def pin(self, handle: _Handle) -> None:
+        with self._lock:
+            if handle.fd is not None:
+                self._lru.pop(id(handle), None)
+                self._pinned.add(id(handle))
+
+    def forget(self, handle: _Handle) -> None:
+        with self._lock:
+            self._lru.pop(id(handle), None)
+            self._pinned.discard(id(handle))
+
+
+OPEN_FILES = OpenFiles()  # shared by every follower unless one is given its own
 
 
 @dataclass
@@ -30,6 +80,7 @@ class _Handle:
     pending: bytes = b""
     discarding: bool = False  # inside an oversize line: drop bytes up to the next newline
     retired: list[_Handle] = field(default_factory=list)  # rotated-away files still to finish
+    pool: OpenFiles | None = None
 
 
 class FileFollower:
@@ -42,9 +93,12 @@ class FileFollower:
     ``max_line_bytes`` are dropped (never held in memory) and listed by ``take_oversize()``.
     Invalid UTF-8 is decoded with U+FFFD. One ``poll()`` reads at most ``max_poll_bytes`` per file;
     ``behind`` tells the caller that more is waiting. A file unchanged for ``close_idle_after``
-    polls has its descriptor closed (a glob over many finished runs must not exhaust descriptors)
-    and reopened at the same offset when it grows; if such a file is rotated, lines written to the
-    old file in the meantime are not read.
+    polls, or the least recently read one when ``open_files`` holds its limit of descriptors, has
+    its descriptor closed (a glob over many runs must not exhaust descriptors) and is reopened at
+    the same offset, by path and inode, when it grows; if such a file is rotated, lines written to
+    the old file in the meantime are not read. ``poll_iter()`` hands over the lines one file at a
+    time, so a backlog is streamed rather than collected; ``caught_up`` becomes True once a poll
+    has read everything that was there.
 
     ``status`` maps every path followed to None when it can be read, else why not: a configured
     path (not a glob) that is missing, or any path that is a directory, a FIFO, a device, a symlink
@@ -60,6 +114,7 @@ class FileFollower:
         read_chunk: int = 1 << 20,
         max_poll_bytes: int = 8 << 20,
         close_idle_after: int = 120,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.pattern = pattern
         self.max_line_bytes = max_line_bytes
@@ -67,6 +122,9 @@ class FileFollower:
         self.max_poll_bytes = max(max_poll_bytes, read_chunk)
         self.close_idle_after = close_idle_after
         self.behind = True  # until a poll has read everything that was there
+        self.caught_up = False  # True for good once a poll has read everything that was there
+        self.open_files = OPEN_FILES if open_files is None else open_files
+        self._behind = False
         self.oversize_lines = 0  # total dropped since start
         self._oversize: list[tuple[str, int]] = []
         self._handles: dict[str, _Handle] = {}
@@ -88,20 +146,28 @@ class FileFollower:
 
     def poll(self) -> list[tuple[str, str]]:
         """``(path, line)`` for every complete line written since the last poll; never raises OSError."""
-        self.behind = False
-        out: list[tuple[str, str]] = []
+        return list(chain.from_iterable(self.poll_iter()))
+
+    def poll_iter(self) -> Iterator[list[tuple[str, str]]]:
+        """``poll()``'s lines, one list per file read: only one file's lines are held at a time.
+        ``behind``, ``caught_up`` and ``status`` are set once the iteration ends."""
+        self._behind = False
         status: dict[str, str | None] = {}
         for path in sorted(set(self._matching()) | set(self._handles)):
+            out: list[tuple[str, str]] = []
             try:
                 reason = self._poll_path(path, out)
             except OSError as exc:
                 reason = f"cannot read it: {exc.strerror or exc}"
             if reason is not _GONE:
                 status[path] = reason
+            if out:
+                yield out
         if not glob.has_magic(self.pattern):
             status.setdefault(self.pattern, "does not exist")
         self._set_status(status)
-        return out
+        self.behind = self._behind
+        self.caught_up = self.caught_up or not self._behind
 
     def _set_status(self, status: dict[str, str | None]) -> None:
         for path, reason in status.items():
@@ -127,6 +193,7 @@ class FileFollower:
             if handle is not None:
                 # Deleted, or renamed with no successor yet: finish what the old file holds.
                 self._warn(path, f"{display_path(path)} disappeared")
+                self.open_files.pin(handle)
                 queue = handle.retired + ([handle] if handle.fd is not None else [])
                 self._drain(queue, out, self.max_poll_bytes)
                 if queue:
@@ -140,6 +207,8 @@ class FileFollower:
             if handle is not None and handle.fd is None:
                 return None
         if handle is None or (st.st_dev, st.st_ino) != handle.inode:
+            if handle is not None:
+                self.open_files.pin(handle)  # opening the successor must not close it
             new, reason = self._open(path, st)
             if new is None:
                 return reason
@@ -160,7 +229,8 @@ class FileFollower:
         if st.st_size > handle.offset:
             got = self._read(handle, out, min(budget, st.st_size - handle.offset))
             if st.st_size > handle.offset:
-                self.behind = True
+                self._behind = True
+            self.open_files.add(handle)
         self._warned.discard(path)
         handle.idle_polls = 0 if got else handle.idle_polls + 1
         if handle.idle_polls >= self.close_idle_after:
@@ -183,6 +253,7 @@ class FileFollower:
             return None
         os.lseek(fd, handle.offset, os.SEEK_SET)
         handle.fd, handle.idle_polls = fd, 0
+        self.open_files.add(handle)
         return handle
 
     def _drain(self, queue: list[_Handle], out: list[tuple[str, str]], budget: int) -> int:
@@ -193,10 +264,13 @@ class FileFollower:
         used = 0
         while queue:
             old = queue[0]
+            if old.fd is None:  # closed before it could be pinned: nothing to read it by
+                queue.pop(0)
+                continue
             size = os.fstat(old.fd).st_size
             used += self._read(old, out, min(budget - used, max(size - old.offset, 0)))
             if old.offset < size:
-                self.behind = True
+                self._behind = True
                 break
             _close(queue.pop(0))
         return used
@@ -211,7 +285,9 @@ class FileFollower:
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             return None, _not_regular(st.st_mode)
-        return _Handle(path, fd, (st.st_dev, st.st_ino)), None
+        handle = _Handle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files)
+        self.open_files.add(handle)
+        return handle, None
 
     def _read(self, handle: _Handle, out: list[tuple[str, str]], limit: int) -> int:
         """Read up to ``limit`` bytes, appending complete lines to ``out``; return bytes read."""
@@ -279,6 +355,12 @@ def _not_regular(mode: int) -> str:
 
 
 def _close(handle: _Handle) -> None:
+    if handle.pool is not None:
+        handle.pool.forget(handle)
+    _close_fd(handle)
+
+
+def _close_fd(handle: _Handle) -> None:
     if handle.fd is None:
         return
     try:

@@ -1,0 +1,114 @@
+"""The training families' render cache serves the bytes client_python's writer would, change after
+change, and concurrent scrapes share one rendering."""
+
+import gzip
+import math
+import threading
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.collectors import CollectorRunner
+from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.collectors.training_render import Part, SharedRender, render_parts, render_text
+from verl_exporter.records import Record, RunKey
+from verl_exporter.store import RunStore
+
+
+def setup(**kwargs):
+    store = RunStore(default_catalog(), **kwargs)
+    registry = CollectorRegistry()
+    registry.register(CollectorRunner({"training": TrainingCollector(store)}, clock=lambda: 0.0))
+    return store, registry
+
+
+def same(registry):
+    cached = render_text(registry)
+    assert cached == generate_latest(registry)
+    return cached
+
+
+VALUES = {"actor/pg_loss": 0.1, "val-core/openai/gsm8k/acc/mean@1": 0.5, "timing_s/gen": 2.0,
+          "my own key": math.nan, "perf/max_memory_allocated_gb": 40.0, "actor/grad_norm": math.inf,
+          'val-core/my"odd\\source\nx/acc/mean@1': 1e22, "critic/score/mean": -0.0}
+
+
+def test_the_cached_text_equals_client_pythons_through_changes():
+    clock = [100.0]
+    store, registry = setup(retention=10.0, clock=lambda: clock[0])
+    same(registry)  # no run at all
+    for index in range(6):
+        store.ingest(Record(RunKey(f"p{index % 2}", f"e{index}"), 1, VALUES, 100.0))
+    first = same(registry)
+    assert same(registry) == first  # unchanged: served again
+    store.ingest(Record(RunKey("p1", "e1"), 2, {"actor/pg_loss": 7.5, "actor/new_key": 1.0}, 100.0))
+    assert b"7.5" in same(registry)
+    store.ingest(Record(RunKey('q"uo\\te', "new\nline"), 1, VALUES, 100.0))
+    store.ingest(Record(RunKey("p0", "e0"), 2, {}, 100.0, finished=True))
+    store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, total_steps=50))
+    store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, settings={"trainer": {"total_epochs": 3}}))
+    store.parse_error("x.log", "bad")
+    store.source_state("x.log", None)
+    same(registry)
+    clock[0] += 20  # the finished run leaves
+    text = same(registry)
+    assert b'experiment="e0"' not in text and b'reason="finished"} 1.0' in text
+
+
+def test_a_name_no_utf8_encodes_fails_the_collector_not_the_scrape():
+    store, registry = setup()
+    store.ingest(Record(RunKey("p", "bad\udcff"), 1, {"actor/pg_loss": 0.1}, 1.0))
+    text = render_text(registry)
+    assert text == generate_latest(registry)
+    assert b'verl_exporter_collector_success{collector="training"} 0.0' in text
+
+
+def test_concurrent_scrapes_share_renderings():
+    started, release = threading.Event(), threading.Event()
+    renders = []
+
+    def render(registry):
+        renders.append(1)
+        started.set()
+        release.wait()
+        return [Part(b"body %d" % len(renders))]
+
+    ticks, ticked = [0], threading.Condition()
+
+    def clock():  # counts arrivals (and starts of renderings)
+        with ticked:
+            ticks[0] += 1
+            ticked.notify_all()
+            return ticks[0]
+
+    shared = SharedRender(object(), render=render, clock=clock)
+    first = threading.Thread(target=shared)
+    first.start()
+    started.wait()  # one rendering in progress; eight scrapes arrive meanwhile
+    bodies = []
+    waiters = [threading.Thread(target=lambda: bodies.append(shared())) for _ in range(8)]
+    for waiter in waiters:
+        waiter.start()
+    with ticked:
+        ticked.wait_for(lambda: ticks[0] == 2 + 8)  # all eight have arrived and wait
+    release.set()
+    first.join()
+    for waiter in waiters:
+        waiter.join()
+    assert len(bodies) == 8 and len(renders) == 2  # they arrived after the first began: one more
+    assert set(bodies) == {b"body 2"}
+
+
+def test_gzipped_bodies_keep_the_unchanged_members_and_decompress_to_the_text():
+    store, registry = setup()
+    for index in range(3):
+        store.ingest(Record(RunKey("p", f"e{index}"), 1, VALUES, 100.0))
+    shared = SharedRender(registry)
+    first = shared(True)
+    assert gzip.decompress(first) == generate_latest(registry)
+    store.parse_error("x.log", "bad")  # the store's families change, the runs do not
+    second = shared(True)
+    text = generate_latest(registry)
+    assert gzip.decompress(second) == text and b"x.log" in text
+    static = [part for part in render_parts(registry) if part.static]
+    assert static and all(part.gzipped() in second for part in static)  # reused, not compressed again

@@ -1,0 +1,120 @@
+"""Retention: finished and idle runs leave the store (counted), the run cap frees up, reaching it is logged once."""
+
+import logging
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.records import Record, RunKey
+from verl_exporter.store import RunStore
+
+from exposition import sample_value, scrape
+
+HOUR = 3600.0
+
+
+class Clock:
+    def __init__(self, now=10 * HOUR):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def make_store(clock, **kwargs):
+    return RunStore(default_catalog(), clock=clock, **kwargs)
+
+
+def step(store, name, step_, time, **kwargs):
+    store.ingest(Record(RunKey("p", name), step_, {} if kwargs else {"actor/pg_loss": 0.1}, time, **kwargs))
+
+
+def runs(store):
+    return sorted(state.run.experiment for state in store.snapshot().runs)
+
+
+def test_a_finished_run_is_dropped_once_retention_has_passed():
+    clock = Clock()
+    store = make_store(clock, retention=HOUR)
+    step(store, "done", 5, clock.now)
+    step(store, "done", 5, clock.now, finished=True)
+    step(store, "going", 5, clock.now)
+    clock.now += HOUR - 1
+    assert runs(store) == ["done", "going"]
+    clock.now += 2
+    snapshot = store.snapshot()
+    assert [state.run.experiment for state in snapshot.runs] == ["going"]  # not finished: kept
+    assert snapshot.runs_expired == {"finished": 1}
+
+
+def test_an_idle_run_is_dropped_and_a_new_step_brings_it_back():
+    clock = Clock()
+    store = make_store(clock, idle_retention=HOUR)
+    step(store, "quiet", 1, clock.now)
+    clock.now += HOUR + 1
+    step(store, "busy", 1, clock.now)
+    assert runs(store) == ["busy"]
+    step(store, "quiet", 2, clock.now)
+    assert runs(store) == ["busy", "quiet"]
+    assert store.snapshot().runs_expired == {"idle": 1}
+
+
+def test_a_backlog_older_than_the_idle_retention_creates_no_run():
+    clock = Clock()
+    store = make_store(clock, idle_retention=HOUR)
+    step(store, "old", 1, clock.now - 2 * HOUR)
+    assert runs(store) == [] and store.snapshot().runs_dropped == 0
+
+
+def test_no_retention_keeps_everything():
+    clock = Clock()
+    store = make_store(clock)
+    step(store, "done", 1, 0.0)
+    step(store, "done", 1, 0.0, finished=True)
+    assert runs(store) == ["done"]
+
+
+def test_the_run_cap_frees_up_through_retention_and_is_logged_once(caplog):
+    clock = Clock()
+    store = make_store(clock, max_runs=2, retention=HOUR)
+    step(store, "a", 1, clock.now)
+    step(store, "b", 1, clock.now)
+    with caplog.at_level(logging.WARNING, logger="verl_exporter.store"):
+        step(store, "c", 1, clock.now)
+        step(store, "d", 1, clock.now)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "cap of 2 runs" in caplog.records[0].message
+    snapshot = store.snapshot()
+    assert snapshot.run_cap_reached and snapshot.runs_dropped == 2 and runs(store) == ["a", "b"]
+    step(store, "a", 1, clock.now, finished=True)
+    clock.now += HOUR + 1
+    step(store, "c", 2, clock.now)
+    snapshot = store.snapshot()
+    assert runs(store) == ["b", "c"] and not snapshot.run_cap_reached
+    assert snapshot.runs_expired == {"finished": 1}
+
+
+def test_retention_and_the_cap_are_served():
+    clock = Clock()
+    store = make_store(clock, max_runs=1, retention=HOUR)
+    step(store, "a", 1, clock.now)
+    step(store, "a", 1, clock.now, finished=True)
+    step(store, "b", 1, clock.now)
+    text = scrape(training=TrainingCollector(store))
+    assert sample_value(text, "verl_training_run_cap_reached") == 1
+    assert sample_value(text, "verl_training_runs_expired_total", reason="finished") == 0
+    clock.now += 2 * HOUR
+    text = scrape(training=TrainingCollector(store))
+    assert sample_value(text, "verl_training_runs_expired_total", reason="finished") == 1
+    assert sample_value(text, "verl_training_runs") == 0
+    assert sample_value(text, "verl_training_run_cap_reached") == 0
+
+
+def test_an_old_config_file_neither_makes_a_run_idle_nor_is_refused():
+    clock = Clock()
+    store = make_store(clock, idle_retention=HOUR)
+    store.ingest(Record(RunKey("p", "configured"), 0, {}, clock.now - 5 * HOUR,
+                        settings={"trainer": {"total_epochs": 2}}))
+    assert runs(store) == ["configured"]  # no step yet: nothing to be idle from
+    step(store, "configured", 1, clock.now)
+    clock.now += HOUR - 1
+    assert runs(store) == ["configured"]
