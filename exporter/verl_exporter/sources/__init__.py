@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +32,7 @@ from verl_exporter.sources.run_config import (
     read_config_text,
     run_names,
 )
+from verl_exporter.sources.ingestor import Ingestor
 from verl_exporter.sources.tail import FileFollower, OpenFiles
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
@@ -350,59 +350,3 @@ def _written_at(path: str, now: float) -> float:
         return min(now, os.stat(path).st_mtime)
     except OSError:
         return now
-
-
-class Ingestor:
-    """Polls every source in turn on a daemon thread, every ``interval`` seconds.
-
-    While a source is still reading a backlog it polls again at once. One source failing is
-    logged and does not stop the others.
-    """
-
-    def __init__(self, sources: Iterable[Source], interval: float = 0.5) -> None:
-        self.sources = list(sources)
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing: set[int] = set()
-
-    def poll_all(self) -> int:
-        """One synchronous round over every source; return the records ingested."""
-        total = 0
-        for index, source in enumerate(self.sources):
-            try:
-                total += source.poll()
-            except Exception:
-                if index not in self._failing:
-                    self._failing.add(index)
-                    log.exception("polling %s failed", getattr(source, "pattern", source))
-                continue
-            if index in self._failing:
-                self._failing.discard(index)
-                log.warning("polling %s works again", getattr(source, "pattern", source))
-        return total
-
-    def start(self) -> None:
-        """Start the polling thread (no-op if it is running)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="verl-exporter-ingest", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to finish its round and wait for it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll_all()
-            if not any(getattr(source, "behind", False) for source in self.sources):
-                self._stop.wait(self.interval)

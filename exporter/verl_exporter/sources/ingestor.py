@@ -1,0 +1,69 @@
+"""Ingestor: polls every source in turn on a daemon thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_exporter.sources import Source
+
+log = logging.getLogger("verl_exporter.sources")
+
+
+class Ingestor:
+    """Polls every source in turn on a daemon thread, every ``interval`` seconds.
+
+    While a source is still reading a backlog it polls again at once. One source failing is
+    logged and does not stop the others.
+    """
+
+    def __init__(self, sources: Iterable["Source"], interval: float = 0.5) -> None:
+        self.sources = list(sources)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing: set[int] = set()
+
+    def poll_all(self) -> int:
+        """One synchronous round over every source; return the records ingested."""
+        total = 0
+        for index, source in enumerate(self.sources):
+            try:
+                total += source.poll()
+            except Exception:
+                if index not in self._failing:
+                    self._failing.add(index)
+                    log.exception("polling %s failed", getattr(source, "pattern", source))
+                continue
+            if index in self._failing:
+                self._failing.discard(index)
+                log.warning("polling %s works again", getattr(source, "pattern", source))
+        return total
+
+    def start(self) -> None:
+        """Start the polling thread (no-op if it is running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="verl-exporter-ingest", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to finish its round and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_all()
+            if not any(getattr(source, "behind", False) for source in self.sources):
+                self._stop.wait(self.interval)
