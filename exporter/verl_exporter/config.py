@@ -1,12 +1,14 @@
 """Settings: command-line flags in the node_exporter style, optionally from a YAML file.
 
 Every flag ``--a.b-c`` can also be set in the ``--config.file`` YAML as ``a.b-c: value``; flags
-given on the command line win over the file, the file over the defaults.
+given on the command line win over the file, the file over the environment variables some
+settings read (`VERL_EXPORTER_PROJECT`, `VERL_EXPORTER_EXPERIMENT`), those over the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ class Option:
     type: Any = str
     multiple: bool = False
     switch: bool = False
+    env: str | None = None  # environment variable read when neither a flag nor the file sets it
 
 
 OPTIONS = [
@@ -43,10 +46,12 @@ OPTIONS = [
     Option("run.config", None, "the run's config: hydra's .hydra/config.yaml or a saved config print, when "
            "the logs followed do not print it (a JSONL-only run)"),
     Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
-    Option("project", None, "trainer.project_name of the run (default: from the config verl prints, "
-           "else the source file's directory name)"),
-    Option("experiment", None, "trainer.experiment_name of the run (default: from the config verl "
-           "prints, else the source file's name)"),
+    Option("project", None, "trainer.project_name of the run; on a node without logs, the run its GPUs "
+           "work for (default: $VERL_EXPORTER_PROJECT, else from the config verl prints, else the source "
+           "file's directory name)", env="VERL_EXPORTER_PROJECT"),
+    Option("experiment", None, "trainer.experiment_name of the run; on a node without logs, the run its "
+           "GPUs work for (default: $VERL_EXPORTER_EXPERIMENT, else from the config verl prints, else the "
+           "source file's name)", env="VERL_EXPORTER_EXPERIMENT"),
     Option("collector.training", True, "training metrics from the sources", switch=True),
     Option("collector.gpu", True, "GPU metrics through NVML", switch=True),
     Option("collector.host", True, "host and job metrics through psutil", switch=True),
@@ -118,6 +123,8 @@ def load(argv: list[str]) -> Settings:
             value = getattr(given, name)
         elif option.flag in from_file:
             value = _convert(option, from_file[option.flag])
+        elif option.env and os.environ.get(option.env):
+            value = _convert(option, os.environ[option.env])
         else:
             value = list(option.default) if option.multiple else option.default
         setattr(settings, name, value)
