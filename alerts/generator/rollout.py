@@ -48,7 +48,7 @@ RECORDED = {
 
 def recording_rules() -> list[dict]:
     """One series per run and figure, whichever engine the run uses."""
-    return [{"name": "verl-rollout",
+    return [{"name": "verl-rollout-engines",
              "rules": [{"record": name, "expr": expr} for name, expr in RECORDED.items()]}]
 
 

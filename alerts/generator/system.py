@@ -36,6 +36,9 @@ UNFINISHED = f"unless {RUN_MATCH} verl_training_finished == 1"
 RUN_GPUS = ("{{ with printf `project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}`"
             " $labels.project $labels.experiment | query }} Its GPUs, over all its nodes, are"
             " {{ . | first | value | humanizePercentage }} busy.{{ end }}")
+# The runs a node works for (verl_node_run_info), where its exporter names any.
+NODE_RUNS = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.instance | query }} (working for"
+             "{{ range . }} {{ .Labels.project }}/{{ .Labels.experiment }}{{ end }}){{ end }}")
 JOB_GONE = "and on(job, instance) verl_job_running == 0"
 JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
            "the last checkpoint (`trainer.resume_mode=auto`).")
@@ -298,7 +301,8 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
         " unless on(job, instance) verl_job_running))",
         "10m",
         "GPUs are idle while the training job runs.",
-        "GPUs on {{ $labels.instance }} average " + PERCENT + " utilisation while the training job runs.",
+        "GPUs on {{ $labels.instance }}" + NODE_RUNS + " average " + PERCENT + " utilisation while the training job "
+        "runs.",
         "The job is alive but its GPUs do nothing: it waits on something (data, reward server, a hung "
         "collective, a dead Ray worker). Where the exporter watches no job processes, a node counts as "
         "running while a run it works for has not finished: the runs it follows, or on a worker node "
