@@ -14,7 +14,8 @@ from __future__ import annotations
 NODES = "run_instance:verl_node_run_info:unfinished"
 # The runs a target works for (verl_training_run_info for exporters without verl_node_run_info).
 NODE_RUNS = "(verl_node_run_info or max without(source) (verl_training_run_info))"
-FINISHED_RUNS = "max by (project, experiment) (verl_training_finished) == 1"
+# Recorded first in the same group (alerts/generator/system.py): one series per run, 1 once finished.
+FINISHED = "project_experiment:verl_training_finished:max"
 
 
 def per_run(per_target: str, nodes: str = NODES) -> str:
@@ -26,7 +27,7 @@ def recording_rules() -> list[dict]:
     """Rules of the verl-fleet group that come first: the run's nodes, then per-run GPU and host figures."""
     gpus = "project_experiment:verl_gpus:count"
     return [
-        {"record": NODES, "expr": f"{NODE_RUNS} unless on(project, experiment) ({FINISHED_RUNS})"},
+        {"record": NODES, "expr": f"{NODE_RUNS} unless on(project, experiment) {FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": f"count by (project, experiment) ({NODES})"},
         {"record": gpus, "expr": per_run("count by (job, instance) (verl_gpu_up)")},
         {"record": "project_experiment:verl_gpus_up:sum", "expr": per_run("sum by (job, instance) (verl_gpu_up)")},

@@ -327,19 +327,23 @@ GROUPS = (PERFORMANCE, OPERATIONS, GPUS)
 
 
 def recording_rules() -> list[dict]:
-    """The fleet view: ``level:metric:operations`` rules over every followed run."""
-    stalled_runs = f"max by (project, experiment) ({STALLED})"
+    """The fleet view: ``level:metric:operations`` rules over every followed run. Rules of a group run
+    in order: the finished and the stalled runs are computed once, first, and shared by the rest."""
+    finished, stalled = nodes.FINISHED, "project_experiment:verl_training_stalled:seconds"
     return [{
         "name": "verl-fleet",
-        "rules": nodes.recording_rules() + [
+        "rules": [
+            {"record": finished, "expr": "max by (project, experiment) (verl_training_finished)"},
+            {"record": stalled, "expr": f"max by (project, experiment) ({STALLED})"},
+        ] + nodes.recording_rules() + [
             {"record": "project_experiment:verl_training_steps_ingested:rate5m",
              "expr": "sum by (project, experiment) (rate(verl_training_steps_ingested_total[5m]))"},
             {"record": "project_experiment:verl_training_last_step_age_seconds:min",
              "expr": "time() - max by (project, experiment) (verl_training_last_step_timestamp_seconds)"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "finished"},
-             "expr": "count(max by (project, experiment) (verl_training_finished) == 1) or vector(0)"},
+             "expr": f"count({finished} == 1) or vector(0)"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "stalled"},
-             "expr": f"count({stalled_runs}) or vector(0)"},
+             "expr": f"count({stalled}) or vector(0)"},
             {"record": "project_experiment:verl_training_progress:ratio",
              "expr": "clamp_max(max by (project, experiment) (verl_training_last_step)"
                      " / max by (project, experiment) (verl_training_total_steps), 1)"},
@@ -348,7 +352,6 @@ def recording_rules() -> list[dict]:
                      " * on(project, experiment)"
                      " max by (project, experiment) (avg_over_time(verl_timing_step_seconds[30m]))"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "running"},
-             "expr": "count(max by (project, experiment) (verl_training_finished) == 0"
-                     f" unless on(project, experiment) {stalled_runs}) or vector(0)"},
+             "expr": f"count({finished} == 0 unless on(project, experiment) {stalled}) or vector(0)"},
         ],
     }]
