@@ -48,28 +48,22 @@ def zscore(metric: str) -> str:
     return f"run:{metric}:zscore{WINDOW}"
 
 
-def mean(metric: str) -> str:
-    return f"run:{metric}:mean{WINDOW}"
-
-
-READY = f"run:verl_training_anomaly_window:steps{WINDOW}"
-
-
 def recording_rules() -> list[dict]:
     """``run:<metric>:zscore1h`` and ``run:<metric>:change1h`` (the change relative to the trailing
     mean) of every watched metric, per run. Alerts read only these, so that both come from the same
-    evaluation. Rules of a group run in order, so the steps in the trailing window (``READY``, only
-    for runs with enough of them) and each metric's trailing mean are computed once and shared."""
-    rules = [{"record": READY,
-              "expr": f"changes(verl_training_last_step[{WINDOW}] offset {GAP}) >= ${{anomaly:min_steps}}"}]
+    evaluation."""
+    enough = (f" and {RUN_MATCH} changes(verl_training_last_step[{WINDOW}] offset {GAP})"
+              " >= ${anomaly:min_steps}")
+    rules = []
     for metric, floor in WATCHED.items():
         trailing = f"{metric}[{WINDOW}] offset {GAP}"
         rules += [
-            {"record": mean(metric), "expr": f"avg_over_time({trailing}) and {RUN_MATCH} {READY}"},
             {"record": change(metric),
-             "expr": f"({metric} - {mean(metric)}) / clamp_min(abs({mean(metric)}), {floor:g})"},
+             "expr": f"({metric} - avg_over_time({trailing})) / clamp_min(abs(avg_over_time({trailing})), {floor:g})"
+                     f"{enough}"},
             {"record": zscore(metric),
-             "expr": f"({metric} - {mean(metric)}) / clamp_min(stddev_over_time({trailing}), {floor:g})"},
+             "expr": f"({metric} - avg_over_time({trailing})) / clamp_min(stddev_over_time({trailing}), {floor:g})"
+                     f"{enough}"},
         ]
     for entry in rules:
         entry["expr"] = fill(entry["expr"], default_catalog(), EXTRA)
