@@ -116,9 +116,11 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         " max by (job, instance) (verl_gpu_memory_total_bytes)"
         " > ${perf/max_memory_allocated_gb:near_total_ratio}", "5m",
         "Peak GPU memory allocated is close to the GPU's total.",
-        f"Run {RUN}: perf/max_memory_allocated is {PERCENT} of the GPU's memory: close to CUDA out of memory.",
-        "When `perf/max_memory_allocated_gb` approaches the GPU's total memory, the next longer batch can "
-        "fail with CUDA out of memory.",
+        f"Run {RUN}: the {{{{ $labels.role }}}}'s peak allocated memory is {PERCENT} of the GPU's memory: "
+        "close to CUDA out of memory.",
+        "When the actor's or the critic's peak allocated memory (`actor/perf/max_memory_allocated_gb`, "
+        "`critic/perf/...`; before verl 0.8 the actor's `perf/max_memory_allocated_gb`) approaches the GPU's "
+        "total memory, the next longer batch can fail with CUDA out of memory.",
         "Halve `actor_rollout_ref.actor.ppo_mini_batch_size`, enable "
         "`actor_rollout_ref.model.enable_gradient_checkpointing`, or use `use_dynamic_bsz` with a smaller "
         "`ppo_max_token_len_per_gpu` (e.g. 16384 -> 8192).",
@@ -208,6 +210,20 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "{{ $labels.source }} in 15 minutes.",
         "Lines that look like verl step lines could not be parsed; their values are missing.",
         "Check the file's format (`--source.format`) and the exporter's log, which quotes the reason.",
+    ),
+    Alert(
+        "VerlExporterSourceUnreadable", "warning",
+        "verl_exporter_source_up == 0", "15m",
+        "The exporter cannot read a verl log it is told to follow.",
+        "The exporter at {{ $labels.instance }} has not been able to read {{ $labels.source }} for 15 "
+        "minutes: it is missing, not a regular file, or unreadable.",
+        "A `--source` path does not exist, or a path or glob match is a directory, a FIFO, a device, a "
+        "symbolic link loop or a file the exporter may not read: nothing of it is exported, so no "
+        "training alert can fire for its run. A FileLogger path appears only when verl starts training "
+        "(after the models load), hence the 15 minutes.",
+        "Read the exporter's log, which says once why it cannot read the path; fix the `--source` path or "
+        "glob (`--source '/logs/*.log'` must not match directories), the file's permissions, or the volume "
+        "mount of the sidecar.",
     ),
 ))
 

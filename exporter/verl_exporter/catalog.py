@@ -1,14 +1,16 @@
 """The metric catalog: how each verl key becomes a Prometheus series.
 
 ``catalog.yaml`` lists every metric of the guide with its name, unit conversion, meaning, healthy
-range and thresholds, plus key families (``val-core/...``) that become one labelled metric. Keys
-the catalog does not list are still exported under the naming rule of :func:`default_name`.
+range and thresholds (entries may share a name with fixed labels: actor and critic memory, by
+``role``), plus key families (``val-core/...``) that become one labelled metric, and described
+patterns (``rollout_corr/*``) that give open-ended keys a meaning. Keys the catalog does not list
+are still exported under the naming rule of :func:`default_name`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,27 +24,34 @@ MIB = 1 << 20
 # Suffixes a gauge must not end in: Prometheus reserves them for counters, histograms, summaries.
 _RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info")
 
-# Names the exporter itself serves; a logged key never takes them.
-RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", "verl_logged_")
-RESERVED_NAMES = frozenset({
-    "verl_training_last_step",
-    "verl_training_last_step_timestamp_seconds",
-    "verl_training_steps_ingested_total",
-    "verl_training_nonfinite_values_total",
-    "verl_training_run_info",
-    "verl_training_series_dropped_total",
-    "verl_training_finished",
-    "verl_training_runs",
-    "verl_training_runs_dropped_total",
-    "verl_gpus",  # the GPU collector's count
-    "verl_run_config",  # the run's settings
-    "verl_run_config_info",
-    "verl_training_total_steps",
-})
+# A logged key whose name the exporter serves itself is renamed into this namespace.
+LOGGED_PREFIX = PREFIX + "logged_"
+# Namespaces that are the exporter's own as a whole (besides every name its collectors serve, see
+# reserved_names): a logged key never takes a name in them.
+RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", LOGGED_PREFIX)
+
+
+def reserved_names() -> frozenset[str]:
+    """Every family and sample name the exporter's collectors serve themselves (from their own
+    descriptions, so the list cannot drift from what is served)."""
+    from .collectors.own import own_names  # collectors import the store, which imports this module
+
+    return own_names()
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is one the exporter serves itself, or lies in one of its namespaces."""
+    return name.startswith(RESERVED_PREFIXES) or name in reserved_names()
+
+# timing_s/* keys that hold no duration: verl puts counts, lengths and ratios of the generation and
+# of the agent loop into the same timing dict as the stage times (timing_s/generation_timing/topk_ratio,
+# timing_s/agent_loop/slowest/prompt_length, timing_s/agent_loop/num_preempted/max).
+_NOT_A_DURATION = r"(?:.+/)?(?:[^/]*ratio|[^/]*_length|[^/]*utilization|[^/]*_samples|num_[^/]*)(?:/(?:min|max|mean))?"
 
 # verl key shapes that carry a unit, and how to convert them to base units.
 _UNIT_RULES = (
     (re.compile(r"^timing_per_token_ms/(.+)$"), "timing_per_token_{}", "_seconds", 1e-3),
+    (re.compile(rf"^timing(?:_s)?/({_NOT_A_DURATION})$"), "timing_{}", "", 1.0),
     (re.compile(r"^timing_s/(.+)$"), "timing_{}", "_seconds", 1.0),
     (re.compile(r"^timing/(.+)$"), "timing_{}", "_seconds", 1.0),
     (re.compile(r"^(.+)_gb$"), "{}", "_bytes", float(GIB)),
@@ -60,20 +69,28 @@ def default_name(key: str) -> tuple[str, float]:
     """Prometheus name and scale factor for a verl key, by the naming rule.
 
     ``actor/pg_clipfrac`` -> ``verl_actor_pg_clipfrac``; ``timing_s/gen`` ->
-    ``verl_timing_gen_seconds``; ``timing_per_token_ms/gen`` -> ``verl_timing_per_token_gen_seconds``
-    (x 0.001); ``perf/max_memory_allocated_gb`` -> ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
+    ``verl_timing_gen_seconds``, but ``timing_s/agent_loop/slowest/prompt_length`` ->
+    ``verl_timing_agent_loop_slowest_prompt_length`` (no duration); ``timing_per_token_ms/gen`` ->
+    ``verl_timing_per_token_gen_seconds`` (x 0.001); ``perf/max_memory_allocated_gb`` ->
+    ``verl_perf_max_memory_allocated_bytes`` (x 2^30).
     """
+    name, scale = _named_by_rule(key)
+    if name.endswith(_RESERVED_SUFFIXES):
+        name += "_value"
+    # Checked on the final name, unit suffix included: host/memory_used_gb is not the host's
+    # verl_host_memory_used_bytes but verl_logged_host_memory_used_bytes.
+    if is_reserved(name):
+        name = LOGGED_PREFIX + name[len(PREFIX):]
+    return name, scale
+
+
+def _named_by_rule(key: str) -> tuple[str, float]:
+    """The naming rule alone: ``verl_`` + the key, with the unit rules' suffix and scale."""
     for pattern, template, suffix, scale in _UNIT_RULES:
         match = pattern.match(key)
         if match:
             return PREFIX + re.sub(r"_+", "_", sanitize(template.format(match.group(1))) + suffix), scale
-    name = PREFIX + (sanitize(key) or "unnamed")
-    # A counter's family is named without "_total": a gauge of that name would clash with it.
-    if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES or name + "_total" in RESERVED_NAMES:
-        name = PREFIX + "logged_" + name[len(PREFIX):]
-    if name.endswith(_RESERVED_SUFFIXES):
-        name += "_value"
-    return name, 1.0
+    return PREFIX + (sanitize(key) or "unnamed"), 1.0
 
 
 @dataclass(frozen=True)
@@ -90,10 +107,12 @@ class MetricSpec:
     aliases: tuple[str, ...] = ()
     label_names: tuple[str, ...] = ()
     known: bool = True
+    label_values: tuple[str, ...] = ()  # of a metric whose labels are fixed (role="critic")
+    help_keys: tuple[str, ...] = ()  # every verl key served under this name, where several entries share it
 
     def full_help(self) -> str:
         """HELP text: the verl key(s), the guide's meaning, the unit and the healthy range."""
-        keys = " / ".join((self.key,) + self.aliases)
+        keys = " / ".join(self.help_keys or (self.key,) + self.aliases)
         text = f"verl {keys}: {self.help}"
         if self.unit:
             text += f" [{self.unit}]"
@@ -133,10 +152,13 @@ class Catalog:
 
     def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]],
                  system: dict[str, float] | None = None, settings: list[SettingSpec] | None = None):
-        self.metrics = metrics
+        self.metrics = metrics = _share_names(metrics)
         self.families = families
         self.system = dict(system or {})  # thresholds of GPU, host and job metrics
         self.settings = list(settings or ())  # the run's settings served from its config
+        # Names served with labels: an unlisted key must not take one (its series would lack them).
+        self._labelled = {spec.name for spec in metrics if spec.label_names} | {
+            spec.name for _, spec in families if spec.label_names}
         self._by_key: dict[str, MetricSpec] = {}
         for spec in metrics:
             for key in (spec.key,) + spec.aliases:
@@ -144,6 +166,9 @@ class Catalog:
                     raise ValueError(f"catalog: key {key!r} listed twice")
                 self._by_key[key] = spec
         self._cache: dict[str, Resolved] = {}
+        # Every spelling of a metric that has several, by spelling (actor/entropy_loss, actor/entropy).
+        self.spellings = {key: (spec.key,) + spec.aliases for spec in metrics if spec.aliases
+                          for key in (spec.key,) + spec.aliases}
 
     @classmethod
     def load(cls, path: Path | str = CATALOG_PATH) -> "Catalog":
@@ -152,9 +177,9 @@ class Catalog:
         families = []
         for entry in data.get("families", []):
             pattern = re.compile(entry["pattern"])
-            spec = MetricSpec(
-                key=entry["pattern"],
-                name=entry["name"],
+            spec = MetricSpec(  # without a name: a described pattern, each key named by the rule
+                key=entry.get("key", entry["pattern"]),
+                name=entry.get("name", ""),
                 help=entry["help"],
                 unit=entry.get("unit", ""),
                 label_names=tuple(pattern.groupindex),
@@ -183,11 +208,33 @@ class Catalog:
                 return spec
         raise KeyError(name)
 
+    def listed_keys(self) -> frozenset[str]:
+        """Every key and alias the catalog lists."""
+        return frozenset(self._by_key)
+
+    def served_names(self) -> frozenset[str]:
+        """The names of the catalog's metrics and families."""
+        try:
+            return self._served_names
+        except AttributeError:
+            self._served_names = frozenset(spec.name for spec in self.metrics) | {
+                spec.name for _, spec in self.families}
+            return self._served_names
+
+    def _outside(self, resolved: Resolved) -> Resolved:
+        """A key outside the catalog never takes a name the catalog serves (``actor_pg_loss`` is not
+        ``actor/pg_loss``, ``val_core`` not the family): it is renamed into ``verl_logged_``."""
+        spec = resolved.spec
+        if spec.known or spec.name not in self.served_names():
+            return resolved
+        return Resolved(MetricSpec(key=spec.key, name=LOGGED_PREFIX + spec.name[len(PREFIX):], help=spec.help,
+                                   scale=spec.scale, known=False))
+
     def resolve(self, key: str) -> Resolved:
         """The metric and label values a verl key is exported as (cached per key)."""
         resolved = self._cache.get(key)
         if resolved is None:
-            resolved = self._resolve(key)
+            resolved = self._outside(self._resolve(key))
             if len(self._cache) < 100_000:
                 self._cache[key] = resolved
         return resolved
@@ -195,20 +242,49 @@ class Catalog:
     def _resolve(self, key: str) -> Resolved:
         spec = self._by_key.get(key)
         if spec is not None:
-            return Resolved(spec)
+            return Resolved(spec, spec.label_values)
         for pattern, family in self.families:
             match = pattern.match(key)
-            if match:
+            if match and family.name:
                 return Resolved(family, tuple(match.group(name) for name in family.label_names))
+            if match:
+                return Resolved(replace(family, key=key, **self._rule_name(key)))
+        return Resolved(MetricSpec(key=key, help="(not in the catalog)", known=False, **self._rule_name(key)))
+
+    def own(self, key: str) -> Resolved:
+        """An alias as a metric of its own, for a release that logs it beside the catalog's key
+        (verl 0.8 logs actor/entropy_loss, the entropy of the update, beside actor/entropy)."""
+        spec = self._by_key[key]
+        named = self._rule_name(key)
+        if named["name"] == spec.name:
+            named["name"] = PREFIX + "logged_" + spec.name[len(PREFIX):]
+        return Resolved(replace(spec, key=key, aliases=(), help_keys=(), label_names=(), label_values=(),
+                                help=f"{spec.help} (as logged beside {spec.key})", **named))
+
+    def _rule_name(self, key: str) -> dict:
         name, scale = default_name(key)
-        if any(name == family.name for _, family in self.families):  # e.g. "val_core": not the family
+        if name in self._labelled:  # e.g. "val_core": not the family
             name = PREFIX + "logged_" + name[len(PREFIX):]
-        return Resolved(MetricSpec(key=key, name=name, help="(not in the catalog)", scale=scale, known=False))
+        return {"name": name, "scale": scale}
+
+
+def _share_names(metrics: list[MetricSpec]) -> list[MetricSpec]:
+    """Entries served under one name (actor and critic memory, told apart by a fixed ``role``
+    label) must have the same label names; each one's HELP then lists every key of the name."""
+    keys: dict[str, tuple[str, ...]] = {}
+    labels: dict[str, tuple[str, ...]] = {}
+    for spec in metrics:
+        keys[spec.name] = keys.get(spec.name, ()) + (spec.key,) + spec.aliases
+        if labels.setdefault(spec.name, spec.label_names) != spec.label_names:
+            raise ValueError(f"catalog: entries named {spec.name!r} have different labels")
+    return [spec if len(keys[spec.name]) == 1 + len(spec.aliases) else replace(spec, help_keys=keys[spec.name])
+            for spec in metrics]
 
 
 def _metric_from_yaml(entry: dict) -> MetricSpec:
     key = entry["key"]
     derived_name, derived_scale = default_name(key)
+    labels = dict(entry.get("labels") or {})
     return MetricSpec(
         key=key,
         name=entry.get("name", derived_name),
@@ -218,6 +294,8 @@ def _metric_from_yaml(entry: dict) -> MetricSpec:
         healthy=dict(entry.get("healthy") or {}),
         thresholds=dict(entry.get("thresholds") or {}),
         aliases=tuple(entry.get("aliases") or ()),
+        label_names=tuple(labels),
+        label_values=tuple(str(value) for value in labels.values()),
     )
 
 

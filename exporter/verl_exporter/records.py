@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
+DropCounter = Callable[[str], None]
+MAX_STEP = 1 << 53  # beyond this a step is no longer exact as a float sample value
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, order=True)
@@ -56,3 +64,32 @@ def to_float(value: object) -> float:
         except ValueError:
             pass
     raise ParseError(f"not a number: {str(value)[:40]!r}")
+
+
+def check_step(step: int) -> int:
+    """``step`` itself when a float holds it exactly (|step| <= 2^53); else ParseError."""
+    if -MAX_STEP <= step <= MAX_STEP:
+        return step
+    raise ParseError(f"step out of range: a {step.bit_length()}-bit integer, over 2^53")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate (which UTF-8 cannot encode) replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def display_path(path: str) -> str:
+    """A file name as it may be shown and served: bytes that are not UTF-8 (which ``os`` hands
+    over as surrogate escapes) as ``\\xNN``, other unprintable characters escaped the same way."""
+    if path.isascii() and path.isprintable():
+        return path
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

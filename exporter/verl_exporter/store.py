@@ -1,8 +1,10 @@
 """RunStore: the latest value of every metric of every run, and each run's step clock.
 
-Sources write into it (``ingest``, ``parse_error``); the training collector reads a snapshot at
-scrape time. Thread-safe and bounded: at most ``max_runs`` runs and ``max_series_per_run`` verl
-keys per run; what the caps drop is counted. Nothing is removed while the exporter runs.
+Sources write into it (``ingest``, ``parse_error``, ``values_dropped``, ``source_state``); the
+training collector reads a snapshot at scrape time. Thread-safe and bounded: at most ``max_runs``
+runs and, per run, ``max_series_per_run`` keys outside the catalog and as many keys of its
+families (``val-core/...``); keys the catalog lists are always kept, however many came first.
+What the caps drop is counted. Nothing is removed while the exporter runs.
 
 Ingestion is the hot path (every key of every logged line), so ``ingest`` only records each run's
 latest raw values. A source may hand over values still as the text it read (``"0.125"``), already
@@ -37,7 +39,10 @@ class RunState:
     values: dict[str, float | str] = field(default_factory=dict)
     nonfinite: Counter = field(default_factory=Counter)
     dropped_keys: set[str] = field(default_factory=set)
+    dropped_unremembered: int = 0  # values the cap refused once 100,000 distinct keys were remembered
+    room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
+    logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
     # The run's length and settings: total from verl's "Total training steps" line (else from the
     # config), the step at which it finished, its catalog settings and info labels.
     total_steps: int | None = None
@@ -55,8 +60,10 @@ class RunState:
             steps_ingested=self.steps_ingested,
             finished=self.finished,
             values=dict(self.values),
+            dropped_unremembered=self.dropped_unremembered,
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
+            logged_at=dict(self.logged_at),
             total_steps=self.total_steps,
             total_from_log=self.total_from_log,
             finished_at=self.finished_at,
@@ -83,6 +90,8 @@ class StoreSnapshot:
     runs: list[RunState]
     parse_errors: dict[str, int]
     runs_dropped: int
+    values_dropped: dict[tuple[str, str], int] = field(default_factory=dict)  # (source, reason)
+    sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unreadable, None if readable
 
 
 class RunStore:
@@ -97,9 +106,13 @@ class RunStore:
         self._runs: dict[RunKey, RunState] = {}
         self._unconverted: set[RunKey] = set()
         self._parse_errors: Counter = Counter()
+        self._values_dropped: Counter = Counter()
+        self._sources: dict[str, str | None] = {}
+        self._listed = catalog.listed_keys()
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
+        self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
         """Take one record: update the run's step clock and the latest value of each key."""
@@ -131,10 +144,16 @@ class RunStore:
                 state.reached_total()
             state.last_step_time = record.time
             latest = state.values
-            if len(latest) + len(values) <= self.max_series_per_run:
+            known = len(latest)
+            if known + len(values) <= self.max_series_per_run:
                 latest.update(values)
+                state.room = None  # counted again when the cap is next reached
             else:
                 self._update_capped(state, values)
+            if len(latest) != known:
+                self._find_respellings(state, values)
+            if state.logged_at:
+                self._stamp(state, values)
             if total is None:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
@@ -153,13 +172,48 @@ class RunStore:
             state.total_steps, state.total_from_log = record.total_steps, True
         state.reached_total(exactly=False)
 
+    def _find_respellings(self, state: RunState, values: dict) -> None:
+        """On new keys: the metrics the run now logs under two spellings (a run resumed on a newer
+        release) are timed from here on, so that the spelling logged last is served."""
+        spellings, latest = self.catalog.spellings, state.values
+        for key in values:
+            others = spellings.get(key)
+            if others and key in latest and sum(other in latest for other in others) > 1:
+                for other in others:
+                    if other in latest:
+                        state.logged_at.setdefault(other, 0)
+
+    def _stamp(self, state: RunState, values: dict) -> None:
+        hits = state.logged_at.keys() & values.keys()
+        if hits:
+            self._serial += 1
+            state.logged_at.update(dict.fromkeys(hits, self._serial))
+
     def _update_capped(self, state: RunState, values: dict) -> None:
-        latest, cap = state.values, self.max_series_per_run
+        """Keys the catalog lists are always kept; keys outside it and keys of its families each
+        have ``max_series_per_run`` places, so junk keys never push out a catalog metric."""
+        latest, listed, in_family = state.values, self._listed, self._in_family
+        if state.room is None:
+            unlisted = latest.keys() - listed
+            families = sum(map(in_family, unlisted))
+            state.room = [self.max_series_per_run - (len(unlisted) - families), self.max_series_per_run - families]
+        room = state.room
         for key, value in values.items():
-            if key in latest or len(latest) < cap:
+            if key in latest or key in listed:
                 latest[key] = value
+                continue
+            kind = in_family(key)
+            if room[kind] > 0:
+                latest[key] = value
+                room[kind] -= 1
             elif len(state.dropped_keys) < 100_000:
                 state.dropped_keys.add(key)
+            elif key not in state.dropped_keys:
+                state.dropped_unremembered += 1
+
+    def _in_family(self, key: str) -> int:
+        """1 for a key of a catalog family (``val-core/...``), 0 for a key outside the catalog."""
+        return 1 if self.catalog.resolve(key).spec.known else 0
 
     def parse_error(self, source: str, reason: str = "") -> None:
         """Count one line of ``source`` that could not be read."""
@@ -171,6 +225,28 @@ class RunStore:
             source = "other"
         self._parse_errors[source] += 1
 
+    def values_dropped(self, source: str, reason: str, count: int = 1) -> None:
+        """Count ``count`` values of ``source`` left out for ``reason`` (not_a_number, object, ...)."""
+        with self._lock:
+            self._count_dropped(source, reason, count)
+
+    def _count_dropped(self, source: str, reason: str, count: int = 1) -> None:
+        key = (source, reason)
+        if key not in self._values_dropped and len(self._values_dropped) >= self.max_error_sources:
+            key = ("other", reason)
+        self._values_dropped[key] += count
+
+    def source_state(self, source: str, reason: str | None) -> None:
+        """Whether ``source`` (a configured path or a glob's match) can be read: ``reason`` says why
+        not, None when it can."""
+        with self._lock:
+            self._sources[source] = reason
+
+    def forget_source(self, source: str) -> None:
+        """``source`` is no longer matched (a glob's file went away)."""
+        with self._lock:
+            self._sources.pop(source, None)
+
     def snapshot(self) -> StoreSnapshot:
         """A consistent copy of everything, for one scrape, with every series in base units."""
         with self._lock:
@@ -178,7 +254,8 @@ class RunStore:
                 self._convert(self._runs[run])
             self._unconverted.clear()
             runs = [state.copy() for state in self._runs.values()]
-            snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped)
+            snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped,
+                                     dict(self._values_dropped), dict(self._sources))
         for state in runs:
             self._fill_series(state)
         return snapshot
@@ -192,7 +269,7 @@ class RunStore:
 
     def _convert(self, state: RunState) -> None:
         """Turn the run's values still held as text into floats; a value that is no number is
-        dropped and counted as a parse error of the run's source."""
+        dropped and counted as a value dropped (not_a_number) of the run's source."""
         for key, value in list(state.values.items()):
             if type(value) is float:
                 continue
@@ -200,7 +277,7 @@ class RunStore:
                 number = float(value)
             except (TypeError, ValueError, OverflowError):
                 del state.values[key]
-                self._count_error(state.source)
+                self._count_dropped(state.source, "not_a_number")
                 continue
             if number - number != 0:
                 state.nonfinite[key] += 1
@@ -208,12 +285,23 @@ class RunStore:
 
     def _fill_series(self, state: RunState) -> None:
         """Name the run's latest values: one series per catalog metric and label set. Where two
-        spellings of one metric were logged, the catalog's own spelling wins."""
-        series = state.series
+        spellings of one metric were logged (a run resumed on a newer verl), the one logged last
+        wins; two logged side by side in one record are two metrics: the alias gets its own name."""
+        series, logged_at = state.series, state.logged_at
+        owners: dict[SeriesKey, str] = {}
         for key, value in state.values.items():
             series_key, resolved, scale = self._entries.get(key) or self._entry(key)
-            if series_key in series and resolved.spec.key != key:
-                continue
+            if key in logged_at:
+                owner = owners.get(series_key)
+                if owner is not None and logged_at[owner] > logged_at[key]:
+                    continue
+                if owner is not None and logged_at[owner] == logged_at[key]:
+                    alias = key if resolved.spec.key != key else owner
+                    own = self.catalog.own(alias)
+                    series[(own.spec.name, ())] = (own, state.values[alias] * own.spec.scale)
+                    if alias == key:
+                        continue
+                owners[series_key] = key
             series[series_key] = (resolved, value * scale)
 
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:

@@ -166,8 +166,10 @@ def validation_row(dash: db.Dashboard) -> None:
 
 def memory_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("Memory"))
-    dash.with_panel(several(["verl_perf_max_memory_allocated_bytes", "verl_perf_max_memory_reserved_bytes"],
-                            "PyTorch peak GPU memory", width=8))
+    memory = ["verl_perf_max_memory_allocated_bytes", "verl_perf_max_memory_reserved_bytes"]
+    dash.with_panel(timeseries_panel(  # one series per role (actor, critic)
+        "PyTorch peak GPU memory", describe(*memory), unit_of(memory[0]), steps(NEUTRAL),
+        [query(f"{name}{{{RUN}}}", "{{role}} " + name.split("_")[-2]) for name in memory], width=8))
     near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
     dash.with_panel(timeseries_panel(
         "Peak memory share of GPU memory",
@@ -178,7 +180,8 @@ def memory_row(dash: db.Dashboard) -> None:
         [query(f"max(verl_perf_max_memory_allocated_bytes{{{RUN}}}) / "
                f"min({run_gpus('verl_gpu_memory_total_bytes')})", "peak allocated / GPU memory")],
         width=8, min_value=0, max_value=1))
-    dash.with_panel(metric_panel("verl_perf_cpu_memory_used_bytes", "CPU memory of the trainer", RUN, width=8))
+    dash.with_panel(metric_panel("verl_perf_cpu_memory_used_bytes", "CPU memory of the trainer", RUN, width=8,
+                                 legend="after the {{role}} update"))
 
 
 def nodes_table() -> table.Panel:

@@ -26,7 +26,7 @@ RECORDING_RULES = REPO / "prometheus" / "recording-rules.yml"
 ANNOTATIONS = {"summary", "description", "runbook_url", "fix"}
 # Alerts on a state, not a number: their description names the state from the labels instead.
 STATE_ALERTS = {"VerlGpuRowRemapFailure", "VerlGpuLost", "VerlGpuThrottled", "VerlTrainingJobExited",
-                "VerlExporterDown", "VerlExporterCollectorFailing"}
+                "VerlExporterDown", "VerlExporterCollectorFailing", "VerlExporterSourceUnreadable"}
 
 
 def promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -139,7 +139,8 @@ def test_backfilled_series_are_the_live_exporters_and_promtool_makes_blocks(tmp_
     with start_exporter(tmp_path, "--source", str(log), "--no-collector.gpu", "--no-collector.host") as exporter:
         live_text = wait_until(lambda: (lambda t: "verl_training_finished{" in t and t)(exporter.get("/metrics")[1]))
     live = {(name, labels) for name, labels in samples(live_text)
-            if name.startswith("verl_") and not name.startswith(("verl_exporter_collector", "verl_exporter_build"))}
+            if name.startswith("verl_") and not name.startswith(("verl_exporter_collector", "verl_exporter_build",
+                                                                 "verl_exporter_source_up"))}  # live state
     live = {(name, tuple((k, v) for k, v in labels if not (name == "verl_training_run_info" and k == "source")))
             for name, labels in live}
     backfilled = {(name, tuple((k, v) for k, v in labels if not (name == "verl_training_run_info" and k == "source")))

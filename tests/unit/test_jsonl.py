@@ -44,14 +44,18 @@ def test_value_types():
     step, values = parse_jsonl_line(line)
     assert step == 3
     assert math.isnan(values.pop("nan")) and math.isnan(values.pop("s_nan"))
+    assert math.isnan(values.pop("null"))
     assert values == {
         "f": 0.5, "i": 7.0, "inf": math.inf, "ninf": -math.inf, "big": math.inf, "nbig": -math.inf,
         "bigint": math.inf, "s_num": 0.001, "flag": 1.0,
     }
 
 
-def test_orjson_null_for_nan_is_skipped():
-    assert parse_jsonl_line('{"step":1,"data":{"actor/grad_norm":null,"a":1.0}}') == (1, {"a": 1.0})
+def test_orjson_null_is_read_as_nan():
+    # verl 0.8+ serialises with orjson, which writes NaN, Inf and -Inf as null.
+    step, values = parse_jsonl_line('{"step":1,"data":{"actor/grad_norm":null,"a":1.0}}')
+    assert step == 1 and values["a"] == 1.0
+    assert math.isnan(values["actor/grad_norm"])
 
 
 def test_empty_data_is_a_step_without_values():

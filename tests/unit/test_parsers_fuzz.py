@@ -9,7 +9,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_exporter.records import ParseError
+from verl_exporter.records import MAX_STEP, ParseError, clean_text
 from verl_exporter.sources import Source
 from verl_exporter.sources.console import is_finished_line, parse_console_line
 from verl_exporter.sources.jsonl import parse_jsonl_line
@@ -95,11 +95,15 @@ def test_console_round_trip(step, values):
 
 
 @FAST
-@given(st.integers(), st.dictionaries(st.text(max_size=40), finite_or_not, max_size=8))
+@given(st.integers(-MAX_STEP, MAX_STEP), st.dictionaries(st.text(max_size=40), finite_or_not, max_size=8))
 def test_jsonl_round_trip(step, values):
     parsed_step, parsed = parse_jsonl_line(json.dumps({"step": step, "data": values}))
+    values = {clean_text(k): v for k, v in values.items()}  # lone surrogates become U+FFFD
     assert parsed_step == step and parsed.keys() == values.keys()
     assert all(_same(parsed[k], v) for k, v in values.items())
+    assert all(isinstance(_parse_or_parse_error(parser, line), ParseError) for parser, line in (
+        (parse_jsonl_line, json.dumps({"step": MAX_STEP + 1 + abs(step), "data": values})),
+        (parse_console_line, f"step:{-MAX_STEP - 1 - abs(step)} - a:1")))
 
 
 def test_long_keys_huge_numbers_and_a_10_mb_line():

@@ -23,7 +23,7 @@ def test_latest_value_wins_and_units_are_converted():
     values = series(store)
     assert values["verl_actor_pg_clipfrac()"] == 0.2
     assert math.isclose(values["verl_timing_per_token_gen_seconds()"], 0.040)
-    assert values["verl_perf_max_memory_allocated_bytes()"] == 45.5 * 2**30
+    assert values["verl_perf_max_memory_allocated_bytes('actor',)"] == 45.5 * 2**30
     state = store.run(RUN)
     assert (state.last_step, state.last_step_time, state.steps_ingested) == (2, 160.0, 2)
 
@@ -124,15 +124,47 @@ def test_values_read_as_text_are_converted_once_and_bad_ones_counted():
     values = series(store)
     assert values["verl_actor_pg_loss()"] == -0.005 and values["verl_timing_gen_seconds()"] == 21.47
     assert values["verl_b()"] == math.inf and "verl_a()" not in values
-    assert snapshot.parse_errors == {"/logs/run.log": 1}
+    assert snapshot.values_dropped == {("/logs/run.log", "not_a_number"): 1} and not snapshot.parse_errors
     assert snapshot.runs[0].nonfinite == {"b": 1}
     store.snapshot()  # converted once: no second count
-    assert store.snapshot().parse_errors == {"/logs/run.log": 1}
+    assert store.snapshot().values_dropped == {("/logs/run.log", "not_a_number"): 1}
     assert store.snapshot().runs[0].nonfinite == {"b": 1}
 
 
-def test_two_spellings_in_one_run_the_catalog_spelling_wins():
+def test_two_spellings_in_one_run_the_latest_logged_wins():
     store = make_store()
     store.ingest(Record(RUN, 1, {"actor/entropy": 0.4}))
     store.ingest(Record(RUN, 2, {"actor/entropy_loss": 0.5}))
-    assert series(store) == {"verl_actor_entropy()": 0.4}
+    assert series(store) == {"verl_actor_entropy()": 0.5}
+
+
+def test_two_spellings_logged_side_by_side_are_two_metrics():
+    # verl 0.8 logs actor/entropy_loss (the update's entropy) beside actor/entropy when entropy is computed.
+    for values in ({"actor/entropy": 0.4, "actor/entropy_loss": 0.45}, {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}):
+        store = make_store()
+        store.ingest(Record(RUN, 1, {"actor/entropy": 0.3}))
+        store.ingest(Record(RUN, 2, values))
+        assert series(store) == {"verl_actor_entropy()": 0.4, "verl_actor_entropy_loss()": 0.45}
+        help_text = store.run(RUN).series[("verl_actor_entropy_loss", ())][0].spec.full_help()
+        assert help_text.startswith("verl actor/entropy_loss: ") and "beside actor/entropy" in help_text
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}))  # from the first record on
+    assert series(store) == {"verl_actor_entropy()": 0.4, "verl_actor_entropy_loss()": 0.45}
+
+
+def test_a_run_resumed_on_a_newer_release_serves_the_newer_spelling():
+    store = make_store()
+    store.ingest(Record(RUN, 2, {"perf/max_memory_allocated_gb": 30.0, "actor/pg_loss": 0.1}))
+    for step in range(34, 37):
+        store.ingest(Record(RUN, step, {"actor/perf/max_memory_allocated_gb": float(step), "actor/pg_loss": 0.2}))
+        store.ingest(Record(RUN, step, {"val-core/gsm8k/acc/mean@1": 0.5}))  # a line with neither spelling
+        assert series(store)["verl_perf_max_memory_allocated_bytes('actor',)"] == step * 2**30
+    store.ingest(Record(RUN, 40, {"perf/max_memory_allocated_gb": 41.0}))  # and back again
+    assert series(store)["verl_perf_max_memory_allocated_bytes('actor',)"] == 41 * 2**30
+
+
+def test_actor_and_critic_memory_stay_apart():
+    store = make_store()
+    store.ingest(Record(RUN, 1, {"actor/perf/max_memory_allocated_gb": 40.0, "critic/perf/max_memory_allocated_gb": 20.0}))
+    assert {key: value / 2**30 for key, value in series(store).items()} == {
+        "verl_perf_max_memory_allocated_bytes('actor',)": 40.0, "verl_perf_max_memory_allocated_bytes('critic',)": 20.0}

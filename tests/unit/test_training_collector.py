@@ -1,5 +1,8 @@
 import math
+import re
+from pathlib import Path
 
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exposition import samples
@@ -90,3 +93,26 @@ def test_a_failing_collector_does_not_fail_the_scrape():
     assert values[("verl_exporter_collector_success", (("collector", "broken"),))] == 0
     assert values[("verl_exporter_collector_success", (("collector", "training"),))] == 1
     assert values[("verl_actor_pg_loss", (("experiment", "ppo-qwen"), ("project", "gsm8k")))] == 0.1
+
+
+def test_orjson_null_in_a_filelogger_file_is_served_as_nan_and_counted(tmp_path):
+    # verl 0.8+ writes NaN and Inf as null: the non-finite alert must still see them.
+    from verl_exporter.sources import Source
+
+    path = tmp_path / "gsm8k" / "ppo-qwen.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 1, "data": {"actor/grad_norm": 0.5, "actor/pg_loss": 0.01}}\n'
+                    '{"step": 2, "data": {"actor/grad_norm": null, "actor/pg_loss": 0.02}}\n')
+    store = RunStore(default_catalog())
+    assert Source(str(path), store).poll() == 2
+    values = samples(scrape(store))
+    run = (("experiment", "ppo-qwen"), ("project", "gsm8k"))
+    assert math.isnan(values[("verl_actor_grad_norm", run)])
+    assert values[("verl_training_nonfinite_values_total",
+                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 1
+    # ... and VerlTrainingNonFinite selects that series.
+    rules = yaml.safe_load((Path(__file__).parents[2] / "alerts" / "verl-operations.rules.yml").read_text())
+    expr = next(rule["expr"] for group in rules["groups"] for rule in group["rules"]
+                if rule.get("alert") == "VerlTrainingNonFinite")
+    selector = re.search(r'verl_training_nonfinite_values_total\{key=~"([^"]+)"\}', expr).group(1)
+    assert re.fullmatch(selector, "actor/grad_norm")

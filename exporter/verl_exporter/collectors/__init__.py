@@ -9,19 +9,24 @@ Emits::
     # TYPE verl_exporter_collector_duration_seconds gauge
     verl_exporter_collector_duration_seconds{collector="gpu"} 0.0012
 
-A collector that raises loses only its own metrics for that scrape; the others are still served.
-A collector can also report a failure without raising by setting ``last_error`` to a message.
+A collector that raises, or hands over a family that could not be rendered (text UTF-8 cannot
+encode, a value no float holds), loses only its own metrics for that scrape; the others are still
+served. A collector can also report a failure without raising by setting ``last_error`` to a message.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from itertools import chain
+from operator import attrgetter
 from typing import Callable, Iterable, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 log = logging.getLogger(__name__)
+
+_NAME, _LABELS, _VALUE, _TIMESTAMP = map(attrgetter, ("name", "labels", "value", "timestamp"))
 
 
 class Collector(Protocol):
@@ -50,6 +55,7 @@ class CollectorRunner:
             started = self._clock()
             try:
                 families = list(collector.collect())
+                check_renderable(families)
                 error = getattr(collector, "last_error", None)
             except Exception as exc:  # one collector must never fail the scrape
                 families, error = [], f"{type(exc).__name__}: {exc}"
@@ -84,3 +90,20 @@ class CollectorRunner:
             ok.add_metric([name], value)
             took.add_metric([name], duration[name])
         return [ok, took]
+
+
+def check_renderable(families: list[Metric]) -> None:
+    """Raise what rendering would raise, before the HTTP layer renders: a string UTF-8 cannot encode
+    (a lone surrogate), a value or timestamp that is no float (an int beyond 1.8e308). Loops in C:
+    a scrape's samples are many."""
+    texts = []
+    for family in families:
+        samples = family.samples
+        texts += (family.name, family.documentation, family.unit)
+        texts += map(_NAME, samples)
+        labels = list(map(_LABELS, samples))
+        texts += chain.from_iterable(labels)
+        texts += chain.from_iterable(map(dict.values, labels))
+        sum(map(float, map(_VALUE, samples)))
+        sum(map(float, set(map(_TIMESTAMP, samples)) - {None}))
+    "".join(texts).encode("utf-8")

@@ -21,8 +21,12 @@ and per run::
     verl_training_series_dropped_total{project,experiment}         keys dropped by the per-run series cap
     verl_training_run_info{project,experiment,source} 1
 
-and for the exporter: ``verl_exporter_parse_errors_total{source}``, ``verl_training_runs`` and
-``verl_training_runs_dropped_total`` (runs refused by the run cap).
+and for the exporter: ``verl_exporter_parse_errors_total{source}``,
+``verl_exporter_values_dropped_total{source,reason}`` (values that are no number: reason
+``not_a_number``, ``object``, ``list`` or ``null``), ``verl_exporter_source_up{source}`` (1 when a
+configured path or a glob's match can be read, 0 when it is missing, not a regular file or
+unreadable), ``verl_training_runs`` and ``verl_training_runs_dropped_total`` (runs refused by the
+run cap).
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class TrainingCollector:
                 families["last_step_time"].add_metric(run, state.last_step_time)
             families["steps"].add_metric(run, state.steps_ingested)
             families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
-            families["dropped"].add_metric(run, len(state.dropped_keys))
+            families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
             families["info"].add_metric(run + [state.source], 1.0)
             if state.total_steps is not None:
                 families["total_steps"].add_metric(run, state.total_steps)
@@ -85,6 +89,10 @@ class TrainingCollector:
                 family.add_metric(run + list(label_values), value)
         for source, count in sorted(snapshot.parse_errors.items()):
             families["parse_errors"].add_metric([source], count)
+        for (source, reason), count in sorted(snapshot.values_dropped.items()):
+            families["values_dropped"].add_metric([source, reason], count)
+        for source, reason in sorted(snapshot.sources.items()):
+            families["source_up"].add_metric([source], 0.0 if reason else 1.0)
         families["runs"].add_metric([], len(snapshot.runs))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
         for name in ("total_steps", "config", "config_info"):  # only where some run has them
@@ -125,6 +133,14 @@ class TrainingCollector:
                 labels=RUN_LABELS + ["source"]),
             "parse_errors": CounterMetricFamily(
                 "verl_exporter_parse_errors", "Lines that could not be parsed, per source file.", labels=["source"]),
+            "values_dropped": CounterMetricFamily(
+                "verl_exporter_values_dropped",
+                "Logged values left out because they are no number (reason: not_a_number, object, list, null).",
+                labels=["source", "reason"]),
+            "source_up": GaugeMetricFamily(
+                "verl_exporter_source_up",
+                "Whether a configured path or a glob's match can be read (1) or not (0: missing, not a "
+                "regular file, unreadable); the log says why.", labels=["source"]),
             "runs": GaugeMetricFamily("verl_training_runs", "Runs the exporter follows."),
             "runs_dropped": CounterMetricFamily(
                 "verl_training_runs_dropped", "Records refused because the exporter reached its run cap."),

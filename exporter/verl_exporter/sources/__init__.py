@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from verl_exporter.records import ParseError, Record, RunKey
+from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.console import (
     is_finished_line,
     parse_console_continuation,
@@ -45,6 +45,11 @@ WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest
 
 
 class Store(Protocol):
+    """Where records go. A store may also take ``values_dropped(source, reason, count)`` (values
+    that are no number), ``source_state(source, reason)`` (why a path cannot be read, None when it
+    can) and ``forget_source(source)``; sources are named by their display path (``\\xNN`` for
+    bytes that are not UTF-8), so a file name can never make the exposition unencodable."""
+
     def ingest(self, record: Record) -> None: ...
 
     def parse_error(self, source: str, reason: str) -> None: ...
@@ -63,16 +68,18 @@ def format_for(path: str, fmt: str = "auto") -> str:
 
 def run_for(path: str, project: str | None = None, experiment: str | None = None) -> RunKey:
     """The run a file belongs to: the given names, else ``<root>/<project>/<experiment>.jsonl``."""
+    path = display_path(path)
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
     stem = os.path.splitext(os.path.basename(path))[0]
-    return RunKey(project or parent or "default", experiment or stem or "default")
+    return RunKey(clean_text(project or parent or "default"), clean_text(experiment or stem or "default"))
 
 
 @dataclass
 class _FileState:
-    path: str
+    path: str  # as served (display_path); the follower reads the file by the name the system gives
     run: RunKey
     fmt: str
+    dropped: Callable[[str], None] | None = None  # counts a value the parsers left out, by reason
     last_step: int | None = None
     after_step: bool = False  # the previous console line was a step line (or its continuation)
     config_print: ConfigPrint | None = None  # verl's config print, being read
@@ -103,11 +110,12 @@ class Source:
         self.pattern = pattern
         self.store = store
         self.fmt = fmt
-        self.project = project
-        self.experiment = experiment
+        self.project = clean_text(project) if project else project  # a flag may hold surrogates
+        self.experiment = clean_text(experiment) if experiment else experiment
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes)
         self._files: dict[str, _FileState] = {}
+        self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
         self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
@@ -118,7 +126,10 @@ class Source:
         return self.follower.behind
 
     def close(self) -> None:
+        """Stop following; the store forgets this source's paths (a reload may have dropped it)."""
         self.follower.close()
+        self.follower.status = {}
+        self._report_status(self.clock())
 
     def poll(self) -> int:
         """Read what was written since the last poll; return the number of records ingested."""
@@ -127,8 +138,10 @@ class Source:
             oversize = self.follower.take_oversize()
             now = self.clock()
         except Exception as exc:  # following must never stop ingestion
-            self._warn(self.pattern, f"cannot follow {self.pattern}: {exc!r}", time.time())
+            self._warn(self.pattern, f"cannot follow {display_path(self.pattern)}: {exc!r}", time.time())
             return 0
+        if self.follower.status != self._reported:
+            self._report_status(now)
         for path, size in oversize:
             limit = self.follower.max_line_bytes
             self._reject(path, f"line of {size}+ bytes over the {limit} byte limit", now)
@@ -157,9 +170,37 @@ class Source:
         return ingested + self._read_config_files(written_at, now)
 
     def _new_state(self, path: str) -> _FileState:
-        state = _FileState(path, run_for(path, self.project, self.experiment), format_for(path, self.fmt))
+        state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
+                           format_for(path, self.fmt))
+        state.dropped = lambda reason: self._count_dropped(state.path, reason)
         self._files[path] = state
         return state
+
+    def _report_status(self, now: float) -> None:
+        """Tell the store which paths can be read, where it takes it (the follower logs why not)."""
+        status, before = dict(self.follower.status), self._reported
+        self._reported = status
+        state, forget = getattr(self.store, "source_state", None), getattr(self.store, "forget_source", None)
+        if state is None or forget is None:
+            return
+        try:
+            for path, reason in status.items():
+                if path not in before or before[path] != reason:
+                    state(display_path(path), reason)
+            for path in before.keys() - status.keys():
+                forget(display_path(path))
+        except Exception as exc:
+            self._warn(self.pattern, f"store failed to take the state of a source: {exc!r}", now)
+
+    def _count_dropped(self, source: str, reason: str) -> None:
+        """A value of ``source`` the parser left out (no number), counted where the store takes it."""
+        counter = getattr(self.store, "values_dropped", None)
+        if counter is None:
+            return
+        try:
+            counter(source, reason)
+        except Exception as exc:
+            self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "config":
@@ -167,7 +208,7 @@ class Source:
             self._grown[state.path] = state
             return None
         if state.fmt == "jsonl":
-            parsed = parse_jsonl_line(line)
+            parsed = parse_jsonl_line(line, state.dropped)
             if parsed is None:
                 return None
             state.last_step = parsed[0]
@@ -185,12 +226,13 @@ class Source:
                 return Record(state.run, state.last_step or 0, {}, now, source=state.path, total_steps=total)
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
-        parsed = parse_console_line(line, lazy=True) if "step:" in line or "\x1b" in line else None
+        parsed = (parse_console_line(line, lazy=True, dropped=state.dropped)
+                  if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
         if after_step and state.last_step is not None:
-            values = parse_console_continuation(line)
+            values = parse_console_continuation(line, state.dropped)
             if values:
                 state.after_step = True
                 return Record(state.run, state.last_step, values, now, source=state.path)
@@ -269,6 +311,7 @@ class Source:
         )
 
     def _reject(self, path: str, reason: str, now: float) -> None:
+        path = display_path(path)
         try:
             self.store.parse_error(path, reason)
         except Exception as exc:

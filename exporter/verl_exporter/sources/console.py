@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from verl_exporter.records import ParseError
+from verl_exporter.records import DropCounter, ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
 
@@ -24,11 +24,13 @@ _NUMPY_PREFIXES = (":np.float64(", ":np.float32(", ":np.int64(", ":np.int32(")
 _BOOLS = {"True": 1.0, "False": 0.0, "np.True_": 1.0, "np.False_": 0.0}
 
 
-def parse_console_line(line: str, *, lazy: bool = False) -> tuple[int, dict[str, float]] | None:
+def parse_console_line(line: str, *, lazy: bool = False,
+                       dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
     """``(step, {key: value})`` for a verl step line; None for any other line.
 
-    Raises ParseError for a line that starts with ``step:`` but whose step is not an integer or
-    that has no readable ``key:value`` pair. A single unreadable pair is skipped. With ``lazy``,
+    Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
+    beyond 2^53) or that has no readable ``key:value`` pair. A single unreadable pair is skipped;
+    one with a key but no number is counted by ``dropped("not_a_number")``. With ``lazy``,
     a line whose values are all plain decimal numbers keeps them as text, for the store to
     convert when they are scraped (float() is most of the cost of a line).
     """
@@ -41,13 +43,16 @@ def parse_console_line(line: str, *, lazy: bool = False) -> tuple[int, dict[str,
         step = int(head)
     except ValueError:
         raise ParseError(f"step is not an integer: {head[:40]!r}") from None
-    values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1) if cut >= 0 else {})
+    check_step(step)
+    skipped: list[str] = []
+    values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1, skipped=skipped) if cut >= 0 else {})
     if not values:
-        raise ParseError(f"step {step} has no readable key:value pair")
+        raise ParseError(f"step {step} has no readable key:value pair")  # one error, no dropped values
+    _count(skipped, dropped)
     return step, values
 
 
-def parse_console_continuation(line: str) -> dict[str, float] | None:
+def parse_console_continuation(line: str, dropped: DropCounter | None = None) -> dict[str, float] | None:
     """Values of a wrapped step line's continuation (``       - key:value - key:value``), else None.
 
     Only meaningful right after a step line: some tools and docs wrap verl's long step lines.
@@ -55,7 +60,10 @@ def parse_console_continuation(line: str) -> dict[str, float] | None:
     text = _content(line).strip()
     if not text.startswith("- "):
         return None
-    return _pairs(text[2:]) or None
+    skipped: list[str] = []
+    values = _pairs(text[2:], skipped=skipped)
+    _count(skipped if values else [], dropped)
+    return values or None
 
 
 def is_finished_line(line: str) -> bool:
@@ -82,10 +90,10 @@ def _content(line: str) -> str:
     return line
 
 
-def _pairs(text: str, skip: int = 0) -> dict[str, float]:
+def _pairs(text: str, skip: int = 0, skipped: list[str] | None = None) -> dict[str, float]:
     """``{key: value}`` of ``key:value - key:value ...`` after the first ``skip`` pairs.
 
-    Unreadable pairs are left out.
+    Unreadable pairs are left out; the keys of those with a key but no number go to ``skipped``.
     """
     if ":np." in text and text.count(":") == text.count(_SEPARATOR) + 1:  # no ":" inside keys
         text = _unwrap_numpy(text)
@@ -97,6 +105,8 @@ def _pairs(text: str, skip: int = 0) -> dict[str, float]:
         except ValueError:
             value = _special_value(raw.strip())
             if value is None:
+                if skipped is not None and key.strip():
+                    skipped.append(key)
                 continue
         key = key.strip()
         if key:
@@ -128,6 +138,12 @@ def _unwrap_numpy(text: str) -> str:
             text = text.replace(prefix, ":")
     text = text.replace(") - ", _SEPARATOR)  # a value's closing parenthesis; keys end in ":"
     return text[:-1] if text.endswith(")") else text
+
+
+def _count(skipped: list[str], dropped: DropCounter | None) -> None:
+    if dropped is not None:
+        for _ in skipped:
+            dropped("not_a_number")
 
 
 def _special_value(raw: str) -> float | None:

@@ -1,20 +1,25 @@
 """Read verl's FileLogger output: one ``{"step": N, "data": {"actor/pg_loss": -0.005, ...}}`` per line.
 
-Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json) or ``null``
-(orjson); a step can have several lines, e.g. validation metrics logged apart from training ones.
+Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json, verl 0.6 and
+0.7) or ``null`` (orjson, verl 0.8 on, for NaN and both infinities alike); a step can have several
+lines, e.g. validation metrics logged apart from training ones.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import orjson
 
-from verl_exporter.records import ParseError, to_float
+from verl_exporter.records import DropCounter, ParseError, check_step, clean_text, to_float
 
 _decode = json.JSONDecoder().decode
 _FLOAT = {float}
 _FLOAT_OR_INT = {float, int}
+# Why a value is left out, by its JSON type: the ``dropped`` reasons of parse_jsonl_line (served as
+# verl_exporter_values_dropped_total's ``reason``).
+DROP_REASONS = {str: "not_a_number", dict: "object", list: "list", type(None): "null"}
 
 
 def _loads(line: str):
@@ -27,12 +32,13 @@ def _loads(line: str):
         return _decode(line)
 
 
-def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
+def parse_jsonl_line(line: str, dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
     """``(step, {key: value})`` for one FileLogger line; None for a blank line.
 
     Raises ParseError for malformed JSON, a missing or non-integer ``step`` or a ``data`` that is
-    not an object. Values that are not numbers (strings, lists, null) are skipped; numeric strings
-    are read as numbers; numbers too large for a float become +/-inf.
+    not an object. ``null`` is read as NaN: orjson, verl's serialiser from 0.8, writes NaN and Inf so.
+    Other values that are not numbers (strings, lists, objects) are skipped; numeric strings are read
+    as numbers; numbers too large for a float become +/-inf.
     """
     if not line or line.isspace():
         return None
@@ -52,12 +58,15 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
         if "step" not in obj:
             raise ParseError("missing step")
         raise ParseError(f"step is not an integer: {_brief(step)}")
+    check_step(step)  # beyond 2^53: no float holds it (a ParseError)
     data = obj.get("data")
     if not isinstance(data, dict):
         if "data" not in obj:
             raise ParseError("missing data")
         raise ParseError(f"data is not an object: {type(data).__name__}")
 
+    if "\\u" in line:  # only an escape makes a lone surrogate (orjson refuses them, json not): U+FFFD
+        data = {clean_text(key): value for key, value in data.items()}
     kinds = set(map(type, data.values()))
     if kinds <= _FLOAT:
         return step, data
@@ -70,11 +79,15 @@ def parse_jsonl_line(line: str) -> tuple[int, dict[str, float]] | None:
     for key, value in data.items():
         if type(value) is float:
             values[key] = value
+        elif value is None:
+            values[key] = math.nan
         elif isinstance(value, (int, str)):
             try:
                 values[key] = to_float(value)
             except ParseError:
                 pass
+        if key not in values and dropped is not None:  # no number: counted by the caller, by reason
+            dropped(DROP_REASONS.get(type(value), "not_a_number"))
     return step, values
 
 

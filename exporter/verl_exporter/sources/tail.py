@@ -9,7 +9,11 @@ import stat
 from dataclasses import dataclass, field
 from itertools import repeat
 
+from verl_exporter.records import display_path
+
 log = logging.getLogger(__name__)
+
+_GONE = object()  # a matched path that is no longer there: no status to report
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -41,6 +45,11 @@ class FileFollower:
     polls has its descriptor closed (a glob over many finished runs must not exhaust descriptors)
     and reopened at the same offset when it grows; if such a file is rotated, lines written to the
     old file in the meantime are not read.
+
+    ``status`` maps every path followed to None when it can be read, else why not: a configured
+    path (not a glob) that is missing, or any path that is a directory, a FIFO, a device, a symlink
+    loop or unreadable. Such a path is never opened for reading (a FIFO would block). Each reason
+    is logged once, and again only when it changes.
     """
 
     def __init__(
@@ -62,6 +71,7 @@ class FileFollower:
         self._oversize: list[tuple[str, int]] = []
         self._handles: dict[str, _Handle] = {}
         self._warned: set[str] = set()
+        self.status: dict[str, str | None] = {}
 
     def take_oversize(self) -> list[tuple[str, int]]:
         """``(path, bytes seen)`` for each line dropped for length since the last call."""
@@ -80,42 +90,59 @@ class FileFollower:
         """``(path, line)`` for every complete line written since the last poll; never raises OSError."""
         self.behind = False
         out: list[tuple[str, str]] = []
+        status: dict[str, str | None] = {}
         for path in sorted(set(self._matching()) | set(self._handles)):
             try:
-                self._poll_path(path, out)
+                reason = self._poll_path(path, out)
             except OSError as exc:
-                self._warn(path, f"cannot read {path}: {exc.strerror or exc}")
+                reason = f"cannot read it: {exc.strerror or exc}"
+            if reason is not _GONE:
+                status[path] = reason
+        if not glob.has_magic(self.pattern):
+            status.setdefault(self.pattern, "does not exist")
+        self._set_status(status)
         return out
+
+    def _set_status(self, status: dict[str, str | None]) -> None:
+        for path, reason in status.items():
+            before = self.status.get(path)
+            if reason != before:
+                if reason:
+                    log.warning("cannot follow %s: %s", display_path(path), reason)
+                elif path in self.status:
+                    log.info("%s can be read again", display_path(path))
+        self.status = status
 
     def _matching(self) -> list[str]:
         if glob.has_magic(self.pattern):
             return glob.glob(self.pattern, recursive=True)
         return [self.pattern] if os.path.lexists(self.pattern) else []
 
-    def _poll_path(self, path: str, out: list[tuple[str, str]]) -> None:
+    def _poll_path(self, path: str, out: list[tuple[str, str]]):
+        """Read ``path``; None when it could be read, else why not (or _GONE)."""
         handle = self._handles.get(path)
         try:
             st = os.stat(path)
         except FileNotFoundError:
             if handle is not None:
                 # Deleted, or renamed with no successor yet: finish what the old file holds.
-                self._warn(path, f"{path} disappeared")
+                self._warn(path, f"{display_path(path)} disappeared")
                 queue = handle.retired + ([handle] if handle.fd is not None else [])
                 self._drain(queue, out, self.max_poll_bytes)
                 if queue:
                     handle.retired = [old for old in queue if old is not handle]
-                else:
-                    del self._handles[path]
-            return
+                    return None
+                del self._handles[path]
+            return "is a broken symbolic link" if os.path.islink(path) else _GONE
 
         if handle is not None and handle.fd is None:
             handle = self._wake(handle, st)
             if handle is not None and handle.fd is None:
-                return
+                return None
         if handle is None or (st.st_dev, st.st_ino) != handle.inode:
-            new = self._open(path, st)
+            new, reason = self._open(path, st)
             if new is None:
-                return
+                return reason
             if handle is not None:  # rotated: read the old file's remaining lines first
                 new.retired, handle.retired = handle.retired + [handle], []
             self._handles[path] = handle = new
@@ -124,7 +151,7 @@ class FileFollower:
         if handle.retired:
             budget -= self._drain(handle.retired, out, budget)
             if handle.retired:
-                return
+                return None
 
         if st.st_size < handle.offset:  # truncated: start over
             os.lseek(handle.fd, 0, os.SEEK_SET)
@@ -138,6 +165,7 @@ class FileFollower:
         handle.idle_polls = 0 if got else handle.idle_polls + 1
         if handle.idle_polls >= self.close_idle_after:
             _close(handle)
+        return None
 
     def _wake(self, handle: _Handle, st: os.stat_result) -> _Handle | None:
         """A closed idle handle: still closed if nothing changed, reopened at its offset if the
@@ -173,17 +201,17 @@ class FileFollower:
             _close(queue.pop(0))
         return used
 
-    def _open(self, path: str, st: os.stat_result) -> _Handle | None:
+    def _open(self, path: str, st: os.stat_result) -> tuple[_Handle | None, str | None]:
+        """A handle on the regular file ``path``, or (None, why not). Other kinds of files are
+        never opened: a FIFO or a device could block or never end."""
         if not stat.S_ISREG(st.st_mode):
-            self._warn(path, f"{path} is not a regular file; skipping it")
-            return None
-        fd = os.open(path, _OPEN_FLAGS)
+            return None, _not_regular(st.st_mode)
+        fd = os.open(path, _OPEN_FLAGS)  # non-blocking, should it have become a FIFO since the stat
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            self._warn(path, f"{path} is not a regular file; skipping it")
-            return None
-        return _Handle(path, fd, (st.st_dev, st.st_ino))
+            return None, _not_regular(st.st_mode)
+        return _Handle(path, fd, (st.st_dev, st.st_ino)), None
 
     def _read(self, handle: _Handle, out: list[tuple[str, str]], limit: int) -> int:
         """Read up to ``limit`` bytes, appending complete lines to ``out``; return bytes read."""
@@ -240,6 +268,14 @@ class FileFollower:
         if path not in self._warned:
             self._warned.add(path)
             log.warning("%s", message)
+
+
+def _not_regular(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return f"is {kind}, not a regular file"
+    return "is not a regular file"
 
 
 def _close(handle: _Handle) -> None:
