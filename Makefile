@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools demo exporter-demo test bench generate clean
+.PHONY: install tools demo exporter-demo test bench generate fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench: install tools
 generate: install
 	PYTHONPATH=grafana $(PY) -m verl_dashboards
 	$(PY) alerts/generate.py
+
+# Regenerate tests/fixtures/verl/ with each verl release's own code (not part of `make test`).
+# Installs the releases from PyPI under /tmp/verl-fixtures; RELEASES="0.9.1 0.6.1" for some.
+fixtures:
+	$(PYTHON) scripts/verl_fixtures.py $(RELEASES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .demo bench-results

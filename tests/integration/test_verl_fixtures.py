@@ -207,3 +207,22 @@ def test_nan_and_inf_are_served_and_counted(run, fmt):
     served = {labels["key"]: value for name, labels, value in c.samples
               if name == "verl_training_nonfinite_values_total"}
     assert served == counts
+
+
+CONSOLE_CASES = [param for param in CASES if param.values[1] == "console"]
+# Settings every release's config print holds (under its own spelling): the run-aware alerts read them.
+SETTINGS_IN_EVERY_RELEASE = ("data.train_batch_size", "data.max_response_length",
+                             "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.grad_clip",
+                             "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.rollout.n")
+
+
+@pytest.mark.parametrize("run, fmt", CONSOLE_CASES)
+def test_console_gives_the_runs_settings_length_and_end(run, fmt):
+    c = case(run, fmt)
+    truth = json.loads((run / "logged.json").read_text(encoding="utf-8"))
+    assert c.served("verl_training_total_steps") == [truth["total_steps"]]
+    assert c.served("verl_training_finished") == [1.0], "the last step reached the total"
+    settings = {labels["key"]: value for name, labels, value in c.samples if name == "verl_run_config"}
+    missing = [key for key in SETTINGS_IN_EVERY_RELEASE if key not in settings]
+    assert not missing, f"{c.path}: settings not served: {missing}"
+    assert settings["actor_rollout_ref.actor.ppo_epochs"] >= 1

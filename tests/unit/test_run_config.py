@@ -75,6 +75,26 @@ def test_other_actors_lines_in_between_are_not_part_of_it():
     assert config == CONFIG
 
 
+def test_a_python_warning_and_rows_split_by_ray_inside_the_print_are_read_through():
+    """Seen in verl 0.6 and 0.7: stderr's UserWarning (and its source line) lands in the middle of
+    a row, and Ray's log monitor splits a row where pprint wrote it piece by piece."""
+    prefix = "(TaskRunner pid=222265) "
+    lines = printed(CONFIG, prefix)
+    cut = len(lines) // 2
+    head, _, tail = lines[cut].rpartition(": ")
+    interrupted = [head + ": ",
+                   prefix + "/verl/trainer/ppo/ray_trainer.py:325: UserWarning: Disabled critic as algorithm.adv_estimator != gae.",
+                   prefix + "  self.use_critic = need_critic(self.config)",
+                   prefix + "   ",
+                   prefix + tail]
+    reader = ConfigPrint.start(lines[0])
+    config = None
+    for line in lines[:cut] + interrupted + lines[cut + 1:]:
+        taken, config = reader.feed(line)
+        assert not reader.broken, line
+    assert config == CONFIG
+
+
 def test_a_print_cut_short_breaks_on_the_first_line_that_is_no_row():
     lines = printed(CONFIG)[:5]
     reader = ConfigPrint.start(lines[0])

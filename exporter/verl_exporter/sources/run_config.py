@@ -33,7 +33,10 @@ _TOTAL_STEPS = re.compile(r"Total training steps: (\d+)\s*$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")  # an OmegaConf interpolation of another setting
 _NAMES = ("trainer.project_name", "trainer.experiment_name")
 # How a row of a pprint-ed dict starts: a key or string, a bracket, a number, or a constant.
-_ROW = re.compile(r"""['"{}\[\]()\d.+-]|(?:True|False|None|inf|nan)\b""")
+# Python's warnings print "path:line: SomeWarning: message" and then the warning's source line,
+# indented; stderr can land inside the config print (verl 0.6 warns about the critic there).
+_WARNING = re.compile(r"\S+:\d+: \w*Warning: ")
+_ROW = re.compile(r"""['"{}\[\]()\d.+:-]|(?:True|False|None|inf|nan)\b""")
 
 
 def parse_total_steps(line: str) -> int | None:
@@ -58,7 +61,8 @@ class ConfigPrint:
     Only lines under the first line's Ray prefix belong to it (other actors' output may come in
     between). ``feed`` returns whether the line was taken and, on the last line, the config. A line
     under the prefix that cannot be a row of the print (``step:1 - ...``) is not taken and marks
-    the print ``broken``: it ended before its closing bracket.
+    the print ``broken``: it ended before its closing bracket. A Python warning (and its source
+    line) printed in the middle is not taken either, and the print goes on.
     """
 
     def __init__(self, prefix: str) -> None:
@@ -67,6 +71,7 @@ class ConfigPrint:
         self.chars = 0
         self.depth = 0
         self.broken = False
+        self._in_warning = False
 
     @classmethod
     def start(cls, line: str) -> "ConfigPrint | None":
@@ -81,6 +86,14 @@ class ConfigPrint:
         if _prefix(line) != self.prefix:
             return False, None
         text = _content(line).strip()
+        if self._in_warning and not _ROW.match(text):  # the warning's source line
+            self._in_warning = False
+            return False, None
+        self._in_warning = bool(self.parts) and _WARNING.match(text) is not None
+        if self._in_warning:
+            return False, None
+        if not text and self.parts:  # Ray split a row where pprint wrote it piece by piece
+            return True, None
         if self.parts and not _ROW.match(text):
             self.broken = True
             return False, None
