@@ -15,16 +15,17 @@ import yaml
 
 from verl_exporter.catalog import Catalog, default_catalog
 
-from . import anomaly, mismatch, settings, system, training
+from . import anomaly, mismatch, rollout, settings, system, training
 from .model import Alert, Group, fill, parse_duration, scale_duration, scale_expr
 
 REPO = Path(__file__).resolve().parents[2]
-GROUPS: tuple[Group, ...] = training.GROUPS + mismatch.GROUPS + system.GROUPS + anomaly.GROUPS
+GROUPS: tuple[Group, ...] = training.GROUPS + mismatch.GROUPS + system.GROUPS + rollout.GROUPS + anomaly.GROUPS
 EXTRA_THRESHOLDS = {
     "system": default_catalog().system,
     "setting": {spec.key: spec.default for spec in default_catalog().settings if spec.default is not None},
     **anomaly.EXTRA,
     **mismatch.EXTRA,
+    **rollout.EXTRA,
 }
 RUNBOOK_URL = "https://github.com/verl-exporter/verl-exporter/blob/main/alerts/RUNBOOK.md"
 RECORDING_RULES_FILE = "prometheus/recording-rules.yml"
@@ -123,10 +124,10 @@ def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_r
 def recording_rules(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_range: float = 0.0) -> str:
     """prometheus/recording-rules.yml."""
     catalog = catalog or default_catalog()
-    groups = system.recording_rules() + anomaly.recording_rules()
+    groups = system.recording_rules() + rollout.recording_rules() + anomaly.recording_rules()
     for group in groups:
         for entry in group["rules"]:
-            entry["expr"] = layout(scale_expr(fill(entry["expr"], catalog), time_scale, min_range))
+            entry["expr"] = layout(scale_expr(fill(entry["expr"], catalog, EXTRA_THRESHOLDS), time_scale, min_range))
     return dump({"groups": groups})
 
 

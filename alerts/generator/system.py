@@ -5,6 +5,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 
 from __future__ import annotations
 
+from . import nodes
 from .model import DURATION, GPU, NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
@@ -31,6 +32,13 @@ _XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
 # The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
 THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
 UNFINISHED = f"unless {RUN_MATCH} verl_training_finished == 1"
+# The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
+RUN_GPUS = ("{{ with printf `project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}`"
+            " $labels.project $labels.experiment | query }} Its GPUs, over all its nodes, are"
+            " {{ . | first | value | humanizePercentage }} busy.{{ end }}")
+# The runs a node works for (verl_node_run_info), where its exporter names any.
+NODE_RUNS = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.instance | query }} (working for"
+             "{{ range . }} {{ .Labels.project }}/{{ .Labels.experiment }}{{ end }}){{ end }}")
 JOB_GONE = "and on(job, instance) verl_job_running == 0"
 JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
            "the last checkpoint (`trainer.resume_mode=auto`).")
@@ -126,7 +134,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         f"{STALLED} unless on(job, instance) verl_job_running == 0", "10m",
         "The training run has stopped making progress.",
         f"Run {RUN}: no new step for {DURATION}, over ${{timing_s/step:stalled_steps}} times its usual step "
-        "time, and the run has not finished.",
+        "time, and the run has not finished." + RUN_GPUS,
         "No new step has been read for several times the run's usual step time (plus the `for` "
         "duration), the run has not finished (reached its last step, or verl printed its end of "
         "training) and, where the exporter knows the job "
@@ -304,12 +312,18 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
         "VerlGpusIdle", "warning",
         "avg by (job, instance) (verl_gpu_utilization_ratio) < ${system:gpu_idle_utilization}"
         " and on(job, instance) ((verl_job_running == 1)"
-        " or (max by (job, instance) (verl_training_finished == 0) unless on(job, instance) verl_job_running))",
+        " or ((max by (job, instance) (verl_training_finished == 0) or max by (job, instance)"
+        " (verl_node_run_info and on(project, experiment) verl_training_finished == 0))"
+        " unless on(job, instance) verl_job_running))",
         "10m",
         "GPUs are idle while the training job runs.",
-        "GPUs on {{ $labels.instance }} average " + PERCENT + " utilisation while the training job runs.",
+        "GPUs on {{ $labels.instance }}" + NODE_RUNS + " average " + PERCENT + " utilisation while the training job "
+        "runs.",
         "The job is alive but its GPUs do nothing: it waits on something (data, reward server, a hung "
-        "collective, a dead Ray worker).",
+        "collective, a dead Ray worker). Where the exporter watches no job processes, a node counts as "
+        "running while a run it works for has not finished: the runs it follows, or on a worker node "
+        "without logs the run of its `--project`/`--experiment` (`verl_node_run_info`), finished or not "
+        "as the head node's exporter says.",
         "See VerlTrainingStalled; check the job's log, Ray's dashboard and the reward service.",
     ),
     Alert(
@@ -329,23 +343,23 @@ GROUPS = (PERFORMANCE, OPERATIONS, GPUS)
 
 
 def recording_rules() -> list[dict]:
-    """The fleet view: ``level:metric:operations`` rules over every followed run."""
-    unfinished = f"verl_training_run_info unless {RUN_MATCH} verl_training_finished == 1"
-    stalled_runs = f"max by (project, experiment) ({STALLED})"
+    """The fleet view: ``level:metric:operations`` rules over every followed run. Rules of a group run
+    in order: the finished and the stalled runs are computed once, first, and shared by the rest."""
+    finished, stalled = nodes.FINISHED, "project_experiment:verl_training_stalled:seconds"
     return [{
         "name": "verl-fleet",
         "rules": [
+            {"record": finished, "expr": "max by (project, experiment) (verl_training_finished)"},
+            {"record": stalled, "expr": f"max by (project, experiment) ({STALLED})"},
+        ] + nodes.recording_rules() + [
             {"record": "project_experiment:verl_training_steps_ingested:rate5m",
              "expr": "sum by (project, experiment) (rate(verl_training_steps_ingested_total[5m]))"},
             {"record": "project_experiment:verl_training_last_step_age_seconds:min",
              "expr": "time() - max by (project, experiment) (verl_training_last_step_timestamp_seconds)"},
-            {"record": "project_experiment:verl_gpu_utilization_ratio:avg",
-             "expr": "avg by (project, experiment) (avg by (job, instance) (verl_gpu_utilization_ratio)"
-                     f" * on(job, instance) group_right() ({unfinished}))"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "finished"},
-             "expr": "count(max by (project, experiment) (verl_training_finished) == 1) or vector(0)"},
+             "expr": f"count({finished} == 1) or vector(0)"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "stalled"},
-             "expr": f"count({stalled_runs}) or vector(0)"},
+             "expr": f"count({stalled}) or vector(0)"},
             {"record": "project_experiment:verl_training_progress:ratio",
              "expr": "clamp_max(max by (project, experiment) (verl_training_last_step)"
                      " / max by (project, experiment) (verl_training_total_steps), 1)"},
@@ -354,7 +368,6 @@ def recording_rules() -> list[dict]:
                      " * on(project, experiment)"
                      " max by (project, experiment) (avg_over_time(verl_timing_step_seconds[30m]))"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "running"},
-             "expr": "count(max by (project, experiment) (verl_training_finished) == 0"
-                     f" unless on(project, experiment) {stalled_runs}) or vector(0)"},
+             "expr": f"count({finished} == 0 unless on(project, experiment) {stalled}) or vector(0)"},
         ],
     }]

@@ -202,6 +202,10 @@ class Exporter:
 
                 self.gpu_backend = NvmlBackend(pcie_throughput=settings.gpu_pcie_throughput)
             collectors["gpu"] = GpuCollector(self.gpu_backend, job=job, timeout_seconds=settings.gpu_timeout)
+        from .collectors.node import NodeCollector
+
+        collectors["node"] = NodeCollector(self.store if settings.collector_training else None,
+                                           lambda: (self.settings.project, self.settings.experiment))
         if settings.collector_host:
             from .collectors.host import HostCollector
 

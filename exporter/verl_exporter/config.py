@@ -1,12 +1,14 @@
 """Settings: command-line flags in the node_exporter style, optionally from a YAML file.
 
 Every flag ``--a.b-c`` can also be set in the ``--config.file`` YAML as ``a.b-c: value``; flags
-given on the command line win over the file, the file over the defaults.
+given on the command line win over the file, the file over the environment variables some
+settings read (`VERL_EXPORTER_PROJECT`, `VERL_EXPORTER_EXPERIMENT`), those over the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ class Option:
     type: Any = str
     multiple: bool = False
     switch: bool = False
+    env: str | None = None  # environment variable read when neither a flag nor the file sets it
 
 
 OPTIONS = [
@@ -45,10 +48,12 @@ OPTIONS = [
     Option("source.poll-interval", 0.5, "seconds between reads of the sources", float),
     Option("source.max-open-files", 256, "cap on log files held open at once; others are reopened by "
            "path and inode when they grow", int),
-    Option("project", None, "trainer.project_name of the run (default: from the config verl prints, "
-           "else the source file's directory name)"),
-    Option("experiment", None, "trainer.experiment_name of the run (default: from the config verl "
-           "prints, else the source file's name)"),
+    Option("project", None, "trainer.project_name of the run; on a node without logs, the run its GPUs "
+           "work for (default: $VERL_EXPORTER_PROJECT, else from the config verl prints, else the source "
+           "file's directory name)", env="VERL_EXPORTER_PROJECT"),
+    Option("experiment", None, "trainer.experiment_name of the run; on a node without logs, the run its "
+           "GPUs work for (default: $VERL_EXPORTER_EXPERIMENT, else from the config verl prints, else the "
+           "source file's name)", env="VERL_EXPORTER_EXPERIMENT"),
     Option("collector.training", True, "training metrics from the sources", switch=True),
     Option("collector.gpu", True, "GPU metrics through NVML", switch=True),
     Option("collector.host", True, "host and job metrics through psutil", switch=True),
@@ -122,6 +127,8 @@ def load(argv: list[str]) -> Settings:
             value = getattr(given, name)
         elif option.flag in from_file:
             value = _convert(option, from_file[option.flag])
+        elif option.env and os.environ.get(option.env):
+            value = _convert(option, os.environ[option.env])
         else:
             value = list(option.default) if option.multiple else option.default
         setattr(settings, name, value)

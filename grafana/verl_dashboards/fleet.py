@@ -40,8 +40,7 @@ def latest(name: str) -> str:
 
 # Table columns: (header, query, Grafana unit, threshold steps).
 def columns() -> list[tuple[str, str, str, list]]:
-    gpu_util = (f"avg by ({BY_RUN}) (group by (instance, {BY_RUN}) (verl_training_run_info{{{RUNS}}}) "
-                "* on(instance) group_left() avg by (instance) (verl_gpu_utilization_ratio))")
+    gpu_util = latest("project_experiment:verl_gpu_utilization_ratio:avg")
     alerts = (f'count by ({BY_RUN}) (ALERTS{{alertstate="firing", {RUNS}}}) and on({BY_RUN}) {RUN_SET} '
               f"or 0 * {RUN_SET}")
     return [
@@ -57,6 +56,7 @@ def columns() -> list[tuple[str, str, str, list]]:
          healthy_steps("verl_actor_pg_clipfrac")),
         ("Throughput", latest("verl_perf_throughput"), unit_of("verl_perf_throughput"),
          healthy_steps("verl_perf_throughput")),
+        ("GPUs", latest("project_experiment:verl_gpus:count"), "none", steps(NEUTRAL)),
         ("GPU utilization", gpu_util, "percentunit", steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN))),
         ("Alerts firing", alerts, "none", steps(GREEN, (1, RED))),
     ]
@@ -72,7 +72,8 @@ def runs_table() -> table.Panel:
         "Progress is the last step over the run's total (verl's Total training steps); time left is the steps "
         "to go times the mean step time of the last 30 minutes (recording rules; empty while the total is unknown).",
         f"Since last step turns orange after a slow step and red after {STALLED_AFTER_SECONDS} s (stalled);",
-        "GPU utilization is the mean of the run's GPUs, joined on the exporter's instance.",
+        "GPU utilization is the mean of the GPUs of every node of the run (recording rules: the nodes that "
+        "serve verl_node_run_info for it), GPUs the count of those GPUs.",
     ])
     panel = (table.Panel().title("Runs").description(description).datasource(DATASOURCE).unit("none")
              .thresholds(thresholds(steps(NEUTRAL))).span(24).height(10)

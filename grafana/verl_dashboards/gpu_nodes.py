@@ -33,8 +33,8 @@ def variables() -> list:
     return [
         datasource_variable(),
         *run_variables(multi=True),
-        query_variable("instance", "Node", f"label_values(verl_training_run_info{{{RUNS}}}, instance)", multi=True,
-                       description="Exporters (one per training job's node) following the selected runs"),
+        query_variable("instance", "Node", f"label_values(verl_node_run_info{{{RUNS}}}, instance)", multi=True,
+                       description="Exporters (one per node of a training job) working for the selected runs"),
         query_variable("gpu", "GPU", f"label_values(verl_gpu_info{{{NODE}}}, gpu)", multi=True,
                        description="GPU index on the node"),
     ]

@@ -2,18 +2,22 @@
 
 Rows: training progress; policy update (pg_loss, pg_clipfrac, ppo_kl, entropy); critic quality
 (vf_loss, vf_explained_var, vpred_mean vs returns/mean); performance (throughput, MFU, step time);
-then rewards and advantages, lengths and clip ratios, the timing breakdown of a step, validation,
-memory and the run's GPUs. Firing alerts of the run are annotations on every graph.
+then rewards and advantages, lengths and clip ratios, the timing breakdown of a step,
+the rollout engines (vLLM, SGLang) beside the generation phase, validation, memory and the GPUs
+of every node of the run. Firing alerts of the run are annotations on every graph.
 """
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import table
+from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
 
+from . import rollout
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, datasource_variable, describe, healthy_steps,
+    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, datasource_variable, describe, healthy_steps,
     metric_panel, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
-    timeseries_panel, to_json, unit_of,
+    thresholds, timeseries_panel, to_json, unit_of,
 )
 
 UID = "verl-run"
@@ -24,9 +28,14 @@ GPU_HOT_CELSIUS, GPU_CRITICAL_CELSIUS = SYSTEM["gpu_hot_celsius"], SYSTEM["gpu_c
 GPU_BUSY_RATIO = 0.5
 
 
+# The run's nodes: every exporter that serves verl_node_run_info for it (the head, from the logs it
+# follows, and the workers, from --project/--experiment), or follows it (older exporters).
+RUN_NODES = f"group by (instance) (verl_node_run_info{{{RUN}}} or verl_training_run_info{{{RUN}}})"
+
+
 def run_gpus(expr: str) -> str:
-    """``expr`` (a per-GPU series) restricted to the GPUs of the run's exporter (joined on ``instance``)."""
-    return f"({expr}) * on(instance) group_left() group by (instance) (verl_training_run_info{{{RUN}}})"
+    """``expr`` (a per-GPU or per-node series) restricted to the run's nodes (joined on ``instance``)."""
+    return f"({expr}) * on(instance) group_left() {RUN_NODES}"
 
 
 def by_phase(pattern: str) -> str:
@@ -175,9 +184,37 @@ def memory_row(dash: db.Dashboard) -> None:
                                  legend="after the {{role}} update"))
 
 
+def nodes_table() -> table.Panel:
+    """One row per node of the run: its GPUs, their mean utilisation and power, the job's processes."""
+    cols = [
+        ("GPUs", run_gpus("count by (instance) (verl_gpu_up)"), "none"),
+        ("GPU utilization", run_gpus("avg by (instance) (verl_gpu_utilization_ratio)"), "percentunit"),
+        ("GPU power", run_gpus("sum by (instance) (verl_gpu_power_watts)"), "watt"),
+        ("Job processes", run_gpus("sum by (instance) (verl_job_processes)") + f" or 0 * {RUN_NODES}", "none"),
+    ]
+    ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
+    panel = (table.Panel().title("Nodes of this run").datasource(DATASOURCE).unit("none")
+             .description("Every exporter that works for the run: the head node, which reads the logs, and the "
+                          "worker nodes, which name the run with --project/--experiment (verl_node_run_info). "
+                          "Job processes: those the exporter watches (--job.match), 0 where it watches none.")
+             .thresholds(thresholds(steps(NEUTRAL))).span(24).height(6)
+             .targets([query(expr, ref_id=ref_id, instant=True, table=True)
+                       for ref_id, (_, expr, _) in zip(ref_ids, cols)])
+             .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"Time": True},
+                 "indexByName": {"instance": 0, **{f"Value #{ref_id}": 1 + i for i, ref_id in enumerate(ref_ids)}},
+                 "renameByName": {f"Value #{ref_id}": header for ref_id, (header, _, _) in zip(ref_ids, cols)},
+             })))
+    for header, _, unit in cols:
+        panel = panel.override_by_name(header, [DynamicConfigValue("unit", unit)])
+    return panel
+
+
 def gpus_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("GPUs of this run"))
-    join = "Joined to the run on the exporter's instance: one exporter serves one job."
+    dash.with_panel(nodes_table())
+    join = "Every node of the run (joined on instance through verl_node_run_info)."
     dash.with_panel(timeseries_panel(
         "GPU utilization", f"Share of time a kernel ran on each GPU (NVML). {join}", "percentunit",
         steps(ORANGE, (GPU_BUSY_RATIO, GREEN)), [query(run_gpus("verl_gpu_utilization_ratio"), GPU_LEGEND)],
@@ -202,6 +239,6 @@ def build() -> dict:
     dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.",
                          [datasource_variable(), *run_variables(multi=False)], RUN)
     for row in (progress_row, policy_row, critic_row, performance_row, rewards_row, lengths_row, timing_row,
-                validation_row, memory_row, gpus_row):
+                rollout.rollout_row, validation_row, memory_row, gpus_row):
         row(dash)
     return to_json(dash)

@@ -119,7 +119,8 @@ def test_alerts_follow_the_mixin_conventions():
         assert "{{" not in annotations["summary"], name
         assert ("$value" in annotations["description"]) != (name in STATE_ALERTS), name
         if "project" in rule["expr"] or name.startswith("VerlTraining"):
-            assert "$labels.project" in annotations["description"] or name in STATE_ALERTS, name
+            assert any(run in annotations["description"] for run in ("$labels.project", ".Labels.project")) \
+                or name in STATE_ALERTS, name
         anchor = annotations["runbook_url"].rsplit("#", 1)[1]
         assert anchor in headings, f"{name}: no runbook section #{anchor}"
     table = (REPO / "docs" / "alerts.md").read_text()

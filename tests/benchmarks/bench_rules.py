@@ -11,6 +11,7 @@ under ``alerts/`` and ``prometheus/``.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from itertools import takewhile
 from pathlib import Path
@@ -23,6 +24,14 @@ NAME = "rules"
 RULE_FOLDERS = ("alerts", "prometheus")
 
 
+def _is_rule_file(text: str) -> bool:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("groups"), list) and data.get("kind") is None
+
+
 def shipped_rule_files() -> list[Path]:
     """YAML files under alerts/ and prometheus/ that are Prometheus rule files (have ``groups``)."""
     found = []
@@ -31,11 +40,33 @@ def shipped_rule_files() -> list[Path]:
             if "test" in path.stem:
                 continue
             try:
-                data = yaml.safe_load(path.read_text())
-            except (OSError, yaml.YAMLError):
+                text = path.read_text()
+            except OSError:
                 continue
-            if isinstance(data, dict) and isinstance(data.get("groups"), list):
+            if _is_rule_file(text):
                 found.append(path)
+    return found
+
+
+def reference_rule_files(revision: str, folder: Path) -> list[Path]:
+    """The rule files as they were at git ``revision``, written under ``folder`` (flat, by file name)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+    try:
+        names = git("ls-tree", "-r", "--name-only", revision, "--", *RULE_FOLDERS).split()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BenchmarkError(f"cannot read the rule files of {revision!r} from git: {exc}") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    found = []
+    for name in names:
+        if not name.endswith((".yml", ".yaml")) or "test" in Path(name).stem:
+            continue
+        text = git("show", f"{revision}:{name}")
+        if _is_rule_file(text):
+            path = folder / Path(name).name
+            path.write_text(text)
+            found.append(path)
     return found
 
 
@@ -69,15 +100,23 @@ def _prometheus_metric(url: str, name: str) -> dict[str, float]:
 
 
 def _query_scalar(prometheus, expr: str) -> float:
-    from servers import prom_query
+    """An instant query's first value (0 if empty); queries over every series of 1000 runs take seconds
+    while Prometheus evaluates the rules, hence the long timeout."""
+    import urllib.parse
 
-    result = prom_query(prometheus, expr)
+    from servers import http_get
+
+    status, body = http_get(prometheus.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=120)
+    if status != 200:
+        raise BenchmarkError(f"query {expr!r} answered {status}: {body[:300]}")
+    result = json.loads(body)["data"]["result"]
     return float(result[0]["value"][1]) if result else 0.0
 
 
-def measure(work: Path, runs: int, rule_files: list[Path], *, steps: int, interval: float,
-            evaluations: int) -> dict:
-    from servers import start_exporter, start_prometheus
+def measure(work: Path, runs: int, rule_sets: dict[str, list[Path]], *, steps: int, interval: float,
+            evaluations: int) -> dict[str, dict]:
+    """Figures per rule set, each evaluated by its own Prometheus against the same exporter of ``runs`` runs."""
+    from servers import start_exporter
 
     folder = work / f"runs-{runs}"
     write_runs(folder, runs, steps)
@@ -85,38 +124,58 @@ def measure(work: Path, runs: int, rule_files: list[Path], *, steps: int, interv
                         "--store.max-runs", str(max(runs, 1000))) as exporter:
         wait_for(lambda: [value for _, value in sample_values(metrics_text(exporter.url), "verl_training_runs")] == [runs],
                  timeout=120, interval=0.5, what=f"{runs} runs in the exporter")
-        config = {
-            "global": {"scrape_interval": f"{interval:g}s", "evaluation_interval": f"{interval:g}s",
-                       "scrape_timeout": f"{interval:g}s"},
-            "rule_files": [path.name for path in rule_files],
-            "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [exporter.url[7:]]}]}],
+        return {name: _measure_rules(work, exporter, runs, files, interval=interval, evaluations=evaluations)
+                for name, files in rule_sets.items()}
+
+
+def _costliest_rules(prometheus, count: int = 5) -> list[dict]:
+    status, body, _ = scrape(prometheus.url + "/api/v1/rules")
+    if status != 200:
+        return []
+    rules = [{"group": group["name"], "rule": rule["name"], "seconds": rule.get("evaluationTime", 0.0)}
+             for group in json.loads(body)["data"]["groups"] for rule in group["rules"]]
+    return sorted(rules, key=lambda rule: -rule["seconds"])[:count]
+
+
+def _measure_rules(work: Path, exporter, runs: int, rule_files: list[Path], *, interval: float,
+                   evaluations: int) -> dict:
+    from servers import start_prometheus
+
+    config = {
+        "global": {"scrape_interval": f"{interval:g}s", "evaluation_interval": f"{interval:g}s",
+                   "scrape_timeout": f"{interval:g}s"},
+        "rule_files": [path.name for path in rule_files],
+        "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [exporter.url[7:]]}]}],
+    }
+    with start_prometheus(work, json.dumps(config), rule_files=rule_files) as prometheus:
+        wait_for(lambda: _query_scalar(prometheus, 'count(verl_training_last_step)') == runs,
+                 timeout=60 + 5 * interval, interval=0.5, what="Prometheus to scrape every run")
+        groups = set(_prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total"))
+        durations: dict[str, list[float]] = {group: [] for group in groups}
+        seen_iterations: dict[str, float] = {}
+        deadline = time.monotonic() + (evaluations + 3) * interval + 30
+        while any(len(values) < evaluations for values in durations.values()):
+            if time.monotonic() > deadline:
+                raise BenchmarkError(f"rule groups did not evaluate {evaluations} times in time")
+            iterations = _prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total")
+            last = _prometheus_metric(prometheus.url, "prometheus_rule_group_last_duration_seconds")
+            for group in durations:
+                if iterations.get(group, 0) > seen_iterations.get(group, 0):
+                    seen_iterations[group] = iterations[group]
+                    durations[group].append(last.get(group, float("nan")))
+            time.sleep(interval / 2)
+        figures = {
+            "runs": runs,
+            "run_series": _query_scalar(prometheus, 'count({__name__=~"verl_[^:]+", experiment!=""})'),
+            "all_series_scraped": _query_scalar(prometheus, 'scrape_samples_scraped{job="verl"}'),
+            "recorded_series": _query_scalar(prometheus, 'count({__name__=~".+:.+"})'),
+            "alerts": _query_scalar(prometheus, 'count(ALERTS{alertstate="firing"})'),
+            # Pending and firing: Prometheus expands each one's annotations at every evaluation.
+            "active_alerts": _query_scalar(prometheus, "count(ALERTS)"),
+            "scrape_seconds": _query_scalar(prometheus, 'scrape_duration_seconds{job="verl"}'),
+            "groups": {group: summary(values) for group, values in sorted(durations.items())},
+            "costliest_rules": _costliest_rules(prometheus),
         }
-        with start_prometheus(work, json.dumps(config), rule_files=rule_files) as prometheus:
-            wait_for(lambda: _query_scalar(prometheus, 'count(verl_training_last_step)') == runs,
-                     timeout=60 + 5 * interval, interval=0.5, what="Prometheus to scrape every run")
-            groups = set(_prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total"))
-            durations: dict[str, list[float]] = {group: [] for group in groups}
-            seen_iterations: dict[str, float] = {}
-            deadline = time.monotonic() + (evaluations + 3) * interval + 30
-            while any(len(values) < evaluations for values in durations.values()):
-                if time.monotonic() > deadline:
-                    raise BenchmarkError(f"rule groups did not evaluate {evaluations} times in time")
-                iterations = _prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total")
-                last = _prometheus_metric(prometheus.url, "prometheus_rule_group_last_duration_seconds")
-                for group in durations:
-                    if iterations.get(group, 0) > seen_iterations.get(group, 0):
-                        seen_iterations[group] = iterations[group]
-                        durations[group].append(last.get(group, float("nan")))
-                time.sleep(interval / 2)
-            figures = {
-                "runs": runs,
-                "run_series": _query_scalar(prometheus, 'count({__name__=~"verl_[^:]+", experiment!=""})'),
-                "all_series_scraped": _query_scalar(prometheus, 'scrape_samples_scraped{job="verl"}'),
-                "recorded_series": _query_scalar(prometheus, 'count({__name__=~".+:.+"})'),
-                "alerts": _query_scalar(prometheus, 'count(ALERTS{alertstate="firing"})'),
-                "scrape_seconds": _query_scalar(prometheus, 'scrape_duration_seconds{job="verl"}'),
-                "groups": {group: summary(values) for group, values in sorted(durations.items())},
-            }
     medians = [stats["median"] for stats in figures["groups"].values()]
     figures["rule_eval_seconds_total"] = sum(medians)
     figures["rule_eval_seconds_slowest_group"] = max(medians, default=0.0)
@@ -124,22 +183,47 @@ def measure(work: Path, runs: int, rule_files: list[Path], *, steps: int, interv
     return figures
 
 
-def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations: int) -> Result:
-    rule_files = shipped_rule_files()
-    notes = [f"rule files: {', '.join(str(p.relative_to(REPO)) for p in rule_files) or 'none found'}"]
-    figures = {"rule_files": [str(p.relative_to(REPO)) for p in rule_files], "by_runs": {}}
+def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations: int,
+        reference: str | None = None) -> Result:
+    rule_sets = {"shipped": shipped_rule_files()}
+    notes = [f"rule files: {', '.join(str(p.relative_to(REPO)) for p in rule_sets['shipped']) or 'none found'}"]
+    if reference:
+        try:
+            rule_sets["reference"] = reference_rule_files(reference, work / "reference-rules")
+        except BenchmarkError as exc:  # a checkout without that commit (a shallow clone, a tarball)
+            notes.append(f"no reference: {exc}")
+            reference = None
+    if reference:
+        notes.append(f"reference: the rule files of {reference} ({len(rule_sets['reference'])} files), "
+                     "measured after the shipped ones against the same exporter")
+    figures = {"rule_files": [str(p.relative_to(REPO)) for p in rule_sets["shipped"]], "reference": reference,
+               "by_runs": {}, "reference_by_runs": {}}
     rows = []
     for count in runs:
-        result = measure(work, count, rule_files, steps=steps, interval=interval, evaluations=evaluations)
+        results = measure(work, count, rule_sets, steps=steps, interval=interval, evaluations=evaluations)
+        result = results["shipped"]
         figures["by_runs"][str(count)] = result
         rows += [
-            Row(f"{count} runs: rule evaluation, all groups", result["rule_eval_seconds_total"] * 1000, "ms"),
+            Row(f"{count} runs: rule evaluation, all groups", result["rule_eval_seconds_total"] * 1000, "ms",
+                "< 1000 ms at 1000 runs" if count == 1000 else ""),
             Row(f"{count} runs: slowest group", result["rule_eval_seconds_slowest_group"] * 1000, "ms"),
             Row(f"{count} runs: series per run", result["series_per_run"], "series"),
             Row(f"{count} runs: recorded series", result["recorded_series"], "series"),
             Row(f"{count} runs: firing alerts", result["alerts"], "alerts"),
+            Row(f"{count} runs: pending and firing alerts", result["active_alerts"], "alerts"),
             Row(f"{count} runs: scrape duration", result["scrape_seconds"] * 1000, "ms"),
         ]
+        if "reference" in results:
+            before = results["reference"]
+            figures["reference_by_runs"][str(count)] = before
+            rows += [
+                Row(f"{count} runs: reference rules, all groups", before["rule_eval_seconds_total"] * 1000, "ms"),
+                Row(f"{count} runs: reference rules, recorded series", before["recorded_series"], "series"),
+                Row(f"{count} runs: reference rules, firing alerts", before["alerts"], "alerts"),
+                Row(f"{count} runs: reference rules, pending and firing", before["active_alerts"], "alerts"),
+                Row(f"{count} runs: shipped / reference", result["rule_eval_seconds_total"]
+                    / before["rule_eval_seconds_total"] if before["rule_eval_seconds_total"] else float("nan"), "x"),
+            ]
     if len(runs) >= 2:
         first, last = str(runs[0]), str(runs[-1])
         by = figures["by_runs"]
@@ -148,5 +232,6 @@ def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations
         figures["rule_eval_growth"] = growth
         rows.append(Row(f"rule evaluation {last} runs / {first} runs", growth, "x",
                         f"runs grew {int(last) / int(first):g}x"))
-    params = {"runs": runs, "steps_per_run": steps, "interval_s": interval, "evaluations": evaluations, "gpus": 8}
+    params = {"runs": runs, "steps_per_run": steps, "interval_s": interval, "evaluations": evaluations, "gpus": 8,
+              "reference": reference}
     return Result(NAME, params, figures, rows, notes)

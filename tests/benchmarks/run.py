@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, BenchmarkError, environment, print_table, write_json  # noqa: E402
 
 BENCHMARKS = ("scrape", "ingest", "overhead", "rules", "fleet")
+# The rule files before the fleet-scale changes (shared sub-expressions), for the rules benchmark.
+RULE_REFERENCE = "875ae66"
 
 FULL = {
     "scrapes": 300,
@@ -60,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, default in FULL.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=None,
                             help=f"default {default} (--quick: {QUICK[name]})")
+    parser.add_argument("--rule-reference", default=RULE_REFERENCE,
+                        help="git revision whose rule files the rules benchmark measures too, for a before/after "
+                             f"comparison ('' for none; default {RULE_REFERENCE})")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else FULL
     for name in FULL:
@@ -104,7 +109,7 @@ def run_one(name: str, args: argparse.Namespace, work: Path):
 
     runs = [int(count) for count in args.rule_runs.split(",")]
     return bench_rules.run(work, runs=runs, steps=args.rule_steps, interval=args.rule_interval,
-                           evaluations=args.rule_evaluations)
+                           evaluations=args.rule_evaluations, reference=args.rule_reference or None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import urllib.parse
 import pytest
 
 from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
+from metrics_server import MetricsServer
 from servers import REPO, prom_query, start_exporter, start_prometheus, wait_until
 
 DASHBOARDS = load_dashboards()
@@ -28,6 +29,15 @@ groups:
         annotations: {summary: "Always firing, so that the ALERTS queries of the dashboards have data"}
 """
 
+ROLLOUT_LABELS = {"project": "demo", "experiment": "healthy", "engine": "vllm"}
+# A vLLM server's metrics (its own names), with a counter that moves between scrapes.
+VLLM_METRICS = lambda: (  # noqa: E731
+    'vllm:num_requests_running{model_name="qwen"} 12\n'
+    'vllm:num_requests_waiting{model_name="qwen"} 3\n'
+    'vllm:kv_cache_usage_perc{model_name="qwen"} 0.42\n'
+    f'vllm:generation_tokens_total{{model_name="qwen"}} {time.time() * 100:.0f}\n'
+    f'vllm:num_preemptions_total{{model_name="qwen"}} {time.time():.0f}\n')
+
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
@@ -35,12 +45,17 @@ def prometheus(tmp_path_factory):
     rules = tmp / "dashboard-test-alerts.yml"
     rules.write_text(TEST_ALERT_RULES)
     recording = REPO / "prometheus" / "recording-rules.yml"  # the fleet table's progress and time left
-    with start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
+    rollout = MetricsServer(VLLM_METRICS)
+    with rollout, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
                         str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules.name, recording.name],
-            "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+            "scrape_configs": [
+                {"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
+                # The run's vLLM server, labelled as the rollout job's file_sd targets are.
+                {"job_name": "rollout", "static_configs": [{"targets": [rollout.target], "labels": ROLLOUT_LABELS}]},
+            ],
         }
         with start_prometheus(tmp, config, rule_files=[rules, recording]) as prom:
             # Enough scrapes for rate() over $__rate_interval, a validation step, and the test alert firing.
@@ -49,6 +64,8 @@ def prometheus(tmp_path_factory):
             wait_until(lambda: prom_query(prom, "verl_val_core"), timeout=30, message="a validation step")
             wait_until(lambda: prom_query(prom, 'ALERTS{alertstate="firing"}'), timeout=30,
                        message="the test alert firing")
+            wait_until(lambda: prom_query(prom, "project_experiment:verl_rollout_generation_tokens:rate5m"),
+                       timeout=30, message="the rollout server's figures")
             yield prom
 
 

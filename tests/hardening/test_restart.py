@@ -19,11 +19,12 @@ READ_TIME = "verl_training_last_step_timestamp_seconds"  # when the exporter rea
 
 
 def training_samples(text: str) -> dict:
-    """Every sample of a run (labelled with ``experiment``), but the read time, keyed by name and labels."""
+    """Every sample of a run (labelled with ``experiment``), but the read time and the node's runs
+    (``verl_node_run_info``, another collector's), keyed by name and labels."""
     found = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if "experiment" in sample.labels and sample.name != READ_TIME:
+            if "experiment" in sample.labels and sample.name not in (READ_TIME, "verl_node_run_info"):
                 found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return found
 

@@ -33,11 +33,13 @@ def own_families() -> list[Metric]:
     from .exporter import ExporterCollector
     from .gpu import GpuCollector
     from .host import HostCollector
+    from .node import NodeCollector
     from .training import TrainingCollector
 
     job = JobSelector(pid=0)  # configured: the job's families are described too; never read here
     collectors = {"gpu": GpuCollector(None, job=job), "host": HostCollector(job=job),
-                  "training": TrainingCollector(_DescribeOnly()), "exporter": ExporterCollector()}
+                  "training": TrainingCollector(_DescribeOnly()), "exporter": ExporterCollector(),
+                  "node": NodeCollector(None, lambda: (None, None))}
     families = list(CollectorRunner(collectors).describe())
     client_python = CollectorRegistry()  # the collectors cli.py registers beside the runner
     for collector in (ProcessCollector, PlatformCollector, GCCollector):

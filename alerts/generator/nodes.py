@@ -1,0 +1,54 @@
+"""Every node of a run: the recording rules that attribute GPUs, host and job stats to runs.
+
+A multi-node verl job logs on its head node only; every node's exporter serves
+``verl_node_run_info{project, experiment} 1`` for the runs it works for (the head from the runs it
+follows, a worker from ``--project``/``--experiment``). ``run_instance:verl_node_run_info:unfinished``
+is the set of (target, run) pairs of runs that have not finished (finished anywhere: the head
+knows); every per-run figure joins a per-target aggregate to it on ``job, instance``, so a run's
+figures cover all of its nodes. Exporters that do not serve ``verl_node_run_info`` count with the
+runs of their own ``verl_training_run_info``.
+"""
+
+from __future__ import annotations
+
+NODES = "run_instance:verl_node_run_info:unfinished"
+# The runs a target works for (verl_training_run_info for exporters without verl_node_run_info).
+NODE_RUNS = "(verl_node_run_info or max without(source) (verl_training_run_info))"
+# Recorded first in the same group (alerts/generator/system.py): one series per run, 1 once finished.
+FINISHED = "project_experiment:verl_training_finished:max"
+
+
+def per_run(per_target: str, nodes: str = NODES) -> str:
+    """``per_target`` (one series per job, instance) summed over the targets of each run."""
+    return f"sum by (project, experiment) ({per_target} * on(job, instance) group_right() {nodes})"
+
+
+def recording_rules() -> list[dict]:
+    """Rules of the verl-fleet group that come first: the run's nodes, then per-run GPU and host figures."""
+    gpus = "project_experiment:verl_gpus:count"
+    return [
+        {"record": NODES, "expr": f"{NODE_RUNS} unless on(project, experiment) {FINISHED} == 1"},
+        {"record": "project_experiment:verl_nodes:count", "expr": f"count by (project, experiment) ({NODES})"},
+        {"record": gpus, "expr": per_run("count by (job, instance) (verl_gpu_up)")},
+        {"record": "project_experiment:verl_gpus_up:sum", "expr": per_run("sum by (job, instance) (verl_gpu_up)")},
+        {"record": "project_experiment:verl_gpu_utilization_ratio:avg",
+         "expr": f"{per_run('sum by (job, instance) (verl_gpu_utilization_ratio)')}"
+                 f" / {per_run('count by (job, instance) (verl_gpu_utilization_ratio)')}"},
+        {"record": "project_experiment:verl_gpu_memory_used_bytes:sum",
+         "expr": per_run("sum by (job, instance) (verl_gpu_memory_used_bytes)")},
+        {"record": "project_experiment:verl_gpu_memory_total_bytes:sum",
+         "expr": per_run("sum by (job, instance) (verl_gpu_memory_total_bytes)")},
+        {"record": "project_experiment:verl_gpu_power_watts:sum",
+         "expr": per_run("sum by (job, instance) (verl_gpu_power_watts)")},
+        {"record": "project_experiment:verl_host_cpu_utilization_ratio:avg",
+         "expr": f"{per_run('sum by (job, instance) (verl_host_cpu_utilization_ratio)')}"
+                 f" / {per_run('count by (job, instance) (verl_host_cpu_utilization_ratio)')}"},
+        {"record": "project_experiment:verl_host_memory_used_bytes:sum",
+         "expr": per_run("sum by (job, instance) (verl_host_memory_used_bytes)")},
+        {"record": "project_experiment:verl_job_processes:sum",
+         "expr": per_run("sum by (job, instance) (verl_job_processes)")},
+        {"record": "project_experiment:verl_job_resident_memory_bytes:sum",
+         "expr": per_run("sum by (job, instance) (verl_job_resident_memory_bytes)")},
+        {"record": "project_experiment:verl_job_running_nodes:sum",
+         "expr": per_run("max by (job, instance) (verl_job_running)")},
+    ]

@@ -1,0 +1,87 @@
+"""The rollout engines (vLLM, SGLang) of a run: recording rules and the alert that explains a slow
+generation phase.
+
+The engines' own metrics reach Prometheus through the ``rollout`` scrape job
+(prometheus/prometheus.yml), whose file_sd targets carry the run's ``project`` and ``experiment``
+labels; the rules join them to the run on those two labels. Metric names are the engines' own:
+
+| what | vLLM | SGLang |
+| --- | --- | --- |
+| requests running | ``vllm:num_requests_running`` | ``sglang:num_running_reqs`` |
+| requests waiting | ``vllm:num_requests_waiting`` | ``sglang:num_queue_reqs`` |
+| KV-cache usage (0-1) | ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before V1) | ``sglang:token_usage`` |
+| generated tokens | ``vllm:generation_tokens_total`` | ``sglang:generation_tokens_total`` (``sglang:gen_throughput``, tokens/s) |
+| preemptions | ``vllm:num_preemptions_total`` | ``sglang:num_retracted_requests_total`` (retractions) |
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import PERCENT, RUN, Alert, Group
+
+RATE = "5m"
+BY_RUN = "by (project, experiment)"
+RUNNING = f"sum {BY_RUN} (vllm:num_requests_running) or sum {BY_RUN} (sglang:num_running_reqs)"
+WAITING = f"sum {BY_RUN} (vllm:num_requests_waiting) or sum {BY_RUN} (sglang:num_queue_reqs)"
+# The fullest engine of the run; the newer vLLM name wins where an engine serves both.
+KV_CACHE = f"max {BY_RUN} (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)"
+GENERATION = (f"sum {BY_RUN} (rate(vllm:generation_tokens_total[{RATE}]))"
+              f" or sum {BY_RUN} (rate(sglang:generation_tokens_total[{RATE}]))"
+              f" or sum {BY_RUN} (sglang:gen_throughput)")
+PREEMPTIONS = (f"sum {BY_RUN} (rate(vllm:num_preemptions_total[{RATE}]))"
+               f" or sum {BY_RUN} (rate(sglang:num_retracted_requests_total[{RATE}]))")
+THRESHOLDS = {
+    "kv_cache_saturated": 0.95,  # KV-cache usage from which new sequences wait or preempt others
+    "preemptions_per_second": 0.0,  # any preemption while generation dominates the step
+}
+EXTRA = {"rollout": THRESHOLDS}
+
+RECORDED = {
+    "project_experiment:verl_rollout_requests_running:sum": RUNNING,
+    "project_experiment:verl_rollout_requests_waiting:sum": WAITING,
+    "project_experiment:verl_rollout_kv_cache_usage_ratio:max": KV_CACHE,
+    "project_experiment:verl_rollout_generation_tokens:rate5m": GENERATION,
+    "project_experiment:verl_rollout_preemptions:rate5m": PREEMPTIONS,
+}
+
+
+def recording_rules() -> list[dict]:
+    """One series per run and figure, whichever engine the run uses."""
+    return [{"name": "verl-rollout-engines",
+             "rules": [{"record": name, "expr": expr} for name, expr in RECORDED.items()]}]
+
+
+def _quoted(expr: str) -> str:
+    """``expr`` for a description's ``query``, restricted to the alert's run."""
+    expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q}", expr)
+    count = expr.count("%q") // 2
+    return ("{{ with printf `" + expr + "`" + " $labels.project $labels.experiment" * count + " | query }}")
+
+
+KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
+PREEMPTED_NOW = (_quoted(f"({PREEMPTIONS}) > 0") + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
+                 " requests/s.{{ end }}")
+
+ROLLOUT = Group("verl-rollout", "verl-performance.rules.yml", "Rollout engines", (
+    Alert(
+        "VerlGenerationKvCacheBound", "info",
+        "verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}"
+        f" and on(project, experiment) (({KV_CACHE}) >= ${{rollout:kv_cache_saturated}}"
+        f" or ({PREEMPTIONS}) > ${{rollout:preemptions_per_second}})", "15m",
+        "Generation is slow because the rollout engines' KV cache is full or they preempt requests.",
+        f"Run {RUN}: generation (timing_s/gen) takes {PERCENT} of the step while its rollout engines are "
+        "out of KV cache." + KV_NOW + PREEMPTED_NOW,
+        "Generation dominates the step (as VerlGenerationBottleneck) and the run's vLLM or SGLang servers "
+        "(scraped by the `rollout` job, `actor_rollout_ref.rollout.prometheus.enable=True`) have their KV "
+        "cache at least ${rollout:kv_cache_saturated} full, or preempt (vLLM) or retract (SGLang) running "
+        "requests: sequences wait for cache blocks, and preempted ones are computed again from their prompt.",
+        "Give the engines more KV cache: raise `actor_rollout_ref.rollout.gpu_memory_utilization` (e.g. "
+        "0.5 -> 0.7, if the trainer's memory allows), or `actor_rollout_ref.rollout.tensor_model_parallel_size`; "
+        "or admit fewer sequences at once: lower `actor_rollout_ref.rollout.max_num_seqs` or "
+        "`max_num_batched_tokens`.",
+        "11.2",
+    ),
+), training=True)
+
+GROUPS = (ROLLOUT,)

@@ -1,0 +1,51 @@
+"""The runs this node works for, so that rules can attribute its GPUs and host to them.
+
+Emits, for each run the exporter knows (the unfinished runs it follows, and the run of
+``--project``/``--experiment`` or ``VERL_EXPORTER_PROJECT``/``VERL_EXPORTER_EXPERIMENT``)::
+
+    # HELP verl_node_run_info The runs whose job uses this node's GPUs and host; always 1.
+    # TYPE verl_node_run_info gauge
+    verl_node_run_info{experiment="grpo-qwen2-7b",project="gsm8k"} 1.0
+
+A worker node of a multi-node job reads no logs: it serves its GPUs with the run named by the flags
+or the environment, and the rules join its GPU and host series to the run on ``instance``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ..store import RunStore
+
+
+class NodeCollector:
+    def __init__(self, store: RunStore | None, named_run: Callable[[], tuple[str | None, str | None]]):
+        self.store = store
+        self.named_run = named_run  # (project, experiment) of the flags: read at scrape time (reload)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("verl_node_run_info", "The runs whose job uses this node's GPUs and host; always 1.",
+                                 labels=["project", "experiment"])
+
+    def runs(self) -> list[tuple[str, str]]:
+        """The (project, experiment) pairs this node serves, sorted."""
+        runs = set()
+        project, experiment = self.named_run()
+        if project and experiment:
+            runs.add((project, experiment))
+        if self.store is not None:
+            runs.update((state.run.project, state.run.experiment) for state in self.store.snapshot().runs
+                        if not state.finished)
+        return sorted(runs)
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for project, experiment in self.runs():
+            family.add_metric([project, experiment], 1.0)
+        yield family
