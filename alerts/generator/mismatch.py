@@ -20,18 +20,24 @@ logged by the actor as ``actor/rollout_corr/*`` in bypass mode). Fully asynchron
 
 from __future__ import annotations
 
+from verl_exporter.catalog import default_catalog
+
 from .model import NUMBER, RUN, Alert, Group
 
+_CATALOG = default_catalog()
+# The thresholds are the catalog's (healthy ranges from the guides above), read once here so the
+# alerts' texts can name them; only the staleness bound has no catalog key (training/off_policy/* is
+# an open family).
 THRESHOLDS = {
-    "probs_diff_mean": 0.01,     # verl's precision guide: keep the mean within 0.01
-    "probs_diff_max": 0.8,       # a token near-certain in one engine and unlikely in the other
-    "pearson_min": 0.9,          # healthy runs log about 0.999
-    "kl": 0.1,                   # rollout_corr.md: |kl| > 0.1 is a significant off-policy gap
-    "chi2": 1.0,                 # rollout_corr.md: chi2_token > 1 is a severe distribution shift
-    "is_mean_min": 0.5,          # rollout_corr.md: mean IS weight far from 1
-    "is_mean_max": 2.0,
-    "ess_min": 0.3,              # rollout_corr.md: effective sample size too low
-    "is_std_max": 1.0,           # rollout_corr.md: IS weight spread too high
+    "probs_diff_mean": _CATALOG.spec("training/rollout_probs_diff_mean").thresholds["too_high"],
+    "probs_diff_max": _CATALOG.spec("training/rollout_probs_diff_max").thresholds["too_high"],
+    "pearson_min": _CATALOG.spec("training/rollout_actor_probs_pearson_corr").thresholds["too_low"],
+    "kl": _CATALOG.spec("rollout_corr/kl").healthy["max"],
+    "chi2": _CATALOG.spec("rollout_corr/chi2_token").healthy["max"],
+    "is_mean_min": _CATALOG.spec("rollout_corr/rollout_is_mean").healthy["min"],
+    "is_mean_max": _CATALOG.spec("rollout_corr/rollout_is_mean").healthy["max"],
+    "ess_min": _CATALOG.spec("rollout_corr/rollout_is_eff_sample_size").healthy["min"],
+    "is_std_max": _CATALOG.spec("rollout_corr/rollout_is_std").healthy["max"],
     "staleness_max": 8.0,        # trainer.v1.sampler.max_off_policy_threshold's default
 }
 EXTRA = {"mismatch": THRESHOLDS}
