@@ -41,7 +41,7 @@ test: install tools
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
-# rule evaluation at scale. Prints tables and writes bench-results/*.json. About 12 minutes.
+# rule evaluation at scale, a fleet of runs. Prints tables and writes bench-results/*.json. About 20 minutes.
 bench: install tools
 	$(PY) tests/benchmarks/run.py
 
