@@ -82,7 +82,7 @@ def test_healthy_stays_in_the_guides_healthy_ranges(seed):
     assert series(rows, "critic/vf_explained_var")[0] < 0
     assert series(rows, "critic/vf_explained_var")[-1] > 0.75
     grad = series(rows, "actor/grad_norm")
-    assert all(0.5 <= v <= 1.5 for v in grad) and len(set(grad)) > 100  # never pinned at the clip value
+    assert all(0.3 <= v <= 0.9 for v in grad) and len(set(grad)) > 100  # never near the clip value 1.0
     score = series(rows, "critic/score/mean")
     assert score[0] < 0.25 and score[-1] > 0.7 and sum(score[-10:]) > sum(score[40:50]) > sum(score[:10])
     entropy = series(rows, "actor/entropy")
