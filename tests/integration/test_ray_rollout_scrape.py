@@ -11,41 +11,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
+from metrics_server import MetricsServer
 from servers import REPO, prom_query, start_prometheus, wait_until
 
 RAY_SD = "/tmp/ray/prom_metrics_service_discovery.json"
 RUN = {"project": "gsm8k", "experiment": "grpo", "engine": "vllm"}
-
-
-class MetricsServer:
-    """Serves ``text`` at /metrics on a free loopback port."""
-
-    def __init__(self, text: str):
-        body = text.encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body if self.path == "/metrics" else b"")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.target = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def shipped_config(tmp, ray_sd_path) -> dict:
