@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from verl_exporter.records import ParseError, Record
-from verl_exporter.sources import Source
+from verl_exporter.sources import Source, format_for
 
 DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
 DEFAULT_STEP_SECONDS = 60.0
@@ -111,7 +111,8 @@ def read_file(path: str, *, fmt: str = "auto", project: str | None = None,
               experiment: str | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS) -> FileTimeline:
     """Every step of ``path`` with its time. Unreadable lines are kept as the step's errors."""
     source = Source(path, _Collector(), fmt=fmt, project=project, experiment=experiment)
-    state = source._new_state(path)
+    parse = source.line_parser(path)
+    console = format_for(path, fmt) == "console"
     steps: list[Step] = []
     pending_errors: list[str] = []
     with open(path, "rb") as handle:
@@ -120,9 +121,9 @@ def read_file(path: str, *, fmt: str = "auto", project: str | None = None,
                 pending_errors.append(f"line of {len(raw)} bytes over the {MAX_LINE_BYTES} byte limit")
                 continue
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            stamp, rest = split_timestamp(line) if state.fmt == "console" else (None, line)
+            stamp, rest = split_timestamp(line) if console else (None, line)
             try:
-                record = source._parse(state, rest, stamp or 0.0)
+                record = parse(rest, stamp or 0.0)
             except ParseError as exc:
                 pending_errors.append(str(exc))
                 continue

@@ -182,6 +182,12 @@ class Source:
             ingested += 1
         return ingested
 
+    def line_parser(self, path: str) -> Callable[[str, float], Record | None]:
+        """``parse(line, now)``: one line of ``path`` at a time, as ``poll`` reads it (the same
+        records, the same errors raised), for readers of whole files such as ``backfill``."""
+        state = self._new_state(path)
+        return lambda line, now: self._parse(state, line, now)
+
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
                            format_for(path, self.fmt))
