@@ -47,6 +47,7 @@ class Alert:
     meaning: str
     fix: str
     guide: str = ""
+    held: str = ""  # how long the expression itself requires the condition (a window), before ``for_``
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", self.name):
@@ -56,6 +57,13 @@ class Alert:
         if "{{" in self.summary:
             raise ValueError(f"{self.name}: the summary must be static")
         parse_duration(self.for_)
+        if self.held:
+            parse_duration(self.held)
+
+    def wait(self) -> str:
+        """How long the condition must hold before the alert fires, as the runbook says it."""
+        wait = self.for_ if parse_duration(self.for_) else "at once"
+        return f"{self.held} (window in the expression), then {wait}" if self.held else wait
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,17 @@ A multi-node verl job logs on its head node only; every node's exporter serves
 follows, a worker from ``--project``/``--experiment``). ``run_instance:verl_node_run_info:unfinished``
 is the set of (target, run) pairs of runs that have not finished (finished anywhere: the head
 knows); every per-run figure joins a per-target aggregate to it on ``job, instance``, so a run's
-figures cover all of its nodes. Exporters that do not serve ``verl_node_run_info`` count with the
-runs of their own ``verl_training_run_info``.
+figures cover all of its nodes. An exporter that reads a shared log directory (more unfinished runs
+than ``--node.max-runs``) serves ``verl_training_run_info`` for every run but ``verl_node_run_info``
+for none: its GPUs are not theirs, and joining them to every run would cost 1,000 series per GPU
+figure at 1,000 runs.
 """
 
 from __future__ import annotations
 
 NODES = "run_instance:verl_node_run_info:unfinished"
-# The runs a target works for (verl_training_run_info for exporters without verl_node_run_info).
-NODE_RUNS = "(verl_node_run_info or max without(source) (verl_training_run_info))"
+# The runs a target works for.
+NODE_RUNS = "verl_node_run_info"
 # Recorded first in the same group (alerts/generator/system.py): one series per run, 1 once finished.
 FINISHED = "project_experiment:verl_training_finished:max"
 

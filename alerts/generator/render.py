@@ -150,7 +150,7 @@ def runbook(catalog: Catalog | None = None) -> str:
         out.append(f"## {group.title}\n")
         for alert in group.alerts:
             guide = f" · **Guide:** section {alert.guide}" if alert.guide else ""
-            wait = alert.for_ if parse_duration(alert.for_) else "at once"
+            wait = alert.wait()
             out += [
                 f"### {alert.name}\n",
                 f"**Severity:** {alert.severity} · **For:** {wait}{guide}\n",
@@ -177,7 +177,7 @@ def table() -> str:
     ]
     for alert in alerts():
         link = f"[{alert.name}](../alerts/RUNBOOK.md#{anchor(alert)})"
-        wait = alert.for_ if parse_duration(alert.for_) else "at once"
+        wait = alert.wait()
         cells = [link, alert.severity, wait, alert.summary, alert.fix]
         out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(out) + "\n"

@@ -10,6 +10,17 @@ from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, POLICY_UPDATES, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
 WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
+# "For an hour" held in the expression, not in a `for` of 1h: a run whose value has only just
+# crossed is not a pending alert, whose annotations Prometheus would expand at every evaluation.
+HELD = "1h"
+HELD_FOR = "5m"
+WARMED_ACTOR_HELD = f"verl_training_last_step offset {HELD} >= ${{actor/pg_clipfrac:warmup_steps}}"
+WARMED_CRITIC_HELD = f"verl_training_last_step offset {HELD} >= ${{critic/vf_explained_var:warmup_steps}}"
+
+
+def held_below(series: str, threshold: str) -> str:
+    """``series`` below ``threshold`` at every sample of the last hour; the value is its highest."""
+    return f"max_over_time({series}[{HELD}]) < {threshold}"
 # Mean score of the last hour minus the mean of the hour before (needs two hours of data).
 SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
 
@@ -48,10 +59,11 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
     ),
     Alert(
         "VerlPolicyUpdateConservative", "info",
-        f"verl_actor_pg_clipfrac < ${{actor/pg_clipfrac:conservative}} and {WARMED_ACTOR} and {MULTI_UPDATE}", "1h",
+        f"{held_below('verl_actor_pg_clipfrac', '${actor/pg_clipfrac:conservative}')} and {WARMED_ACTOR_HELD}"
+        f" and {MULTI_UPDATE}", HELD_FOR,
         "PPO has clipped almost no policy updates for an hour.",
-        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, below ${{actor/pg_clipfrac:conservative}} for an hour "
-        f"(clip_ratio {CLIP_RATIO}): policy updates are conservative and learning may be slow.",
+        f"Run {RUN}: actor/pg_clipfrac has stayed below ${{actor/pg_clipfrac:conservative}} for an hour (at "
+        f"most {PERCENT}; clip_ratio {CLIP_RATIO}): policy updates are conservative and learning may be slow.",
         "Below 0.05 almost no update reaches the clip range: the policy changes little per step and may "
         "converge slowly. After convergence (score high and flat) this is expected. Only for runs that "
         "update the policy more than once per rollout (`ppo_epochs` > 1 or `ppo_mini_batch_size` below "
@@ -60,6 +72,7 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
         "run has converged, nothing to do.",
         "1.2",
+        held=HELD,
     ),
     Alert(
         "VerlPolicyChangeTooLarge", "warning",
@@ -73,10 +86,12 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
     ),
     Alert(
         "VerlPolicyFrozen", "info",
-        f"abs(verl_actor_ppo_kl) < ${{actor/ppo_kl:frozen}} and {WARMED_ACTOR} and {MULTI_UPDATE}", "1h",
+        f"{held_below('verl_actor_ppo_kl', '${actor/ppo_kl:frozen}')}"
+        f" and min_over_time(verl_actor_ppo_kl[{HELD}]) > -${{actor/ppo_kl:frozen}}"
+        f" and {WARMED_ACTOR_HELD} and {MULTI_UPDATE}", HELD_FOR,
         "The policy has barely changed for an hour (PPO KL about 0).",
-        f"Run {RUN}: actor/ppo_kl is {NUMBER}, below ${{actor/ppo_kl:frozen}} for an hour: the policy is "
-        "almost frozen.",
+        f"Run {RUN}: actor/ppo_kl has stayed within ±${{actor/ppo_kl:frozen}} for an hour (at most "
+        f"{NUMBER}): the policy is almost frozen.",
         "Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
         "has decayed to nothing or exploration has collapsed. Only for runs that update the policy more "
         "than once per rollout: on-policy, the old and the new policy are the same and `ppo_kl` is 0 by "
@@ -84,6 +99,7 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
         "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
         "1.3",
+        held=HELD,
     ),
     Alert(
         "VerlEntropyCollapsing", "warning",
@@ -169,14 +185,16 @@ CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)
     ),
     Alert(
         "VerlCriticLearningSlowly", "info",
-        f"verl_critic_vf_explained_var < ${{critic/vf_explained_var:learning}} and {WARMED_CRITIC}", "1h",
+        f"{held_below('verl_critic_vf_explained_var', '${critic/vf_explained_var:learning}')}"
+        f" and {WARMED_CRITIC_HELD}", HELD_FOR,
         "The critic explains less than 30% of the returns' variance.",
-        f"Run {RUN}: critic/vf_explained_var is {NUMBER}, below ${{critic/vf_explained_var:learning}} "
-        "for an hour.",
+        f"Run {RUN}: critic/vf_explained_var has stayed below ${{critic/vf_explained_var:learning}} for an "
+        f"hour (at most {NUMBER}).",
         "During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
         "0.3 for long the critic is not learning enough (guide 11.2, step 3).",
         "Raise `critic.optim.lr` (e.g. x5, 1e-5 -> 5e-5).",
         "2.4",
+        held=HELD,
     ),
     Alert(
         "VerlCriticLossNotDecreasing", "info",

@@ -205,7 +205,8 @@ class Exporter:
         from .collectors.node import NodeCollector
 
         collectors["node"] = NodeCollector(self.store if settings.collector_training else None,
-                                           lambda: (self.settings.project, self.settings.experiment))
+                                           lambda: (self.settings.project, self.settings.experiment),
+                                           max_runs=lambda: self.settings.node_max_runs)
         if settings.collector_host:
             from .collectors.host import HostCollector
 

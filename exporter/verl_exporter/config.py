@@ -54,6 +54,9 @@ OPTIONS = [
     Option("experiment", None, "trainer.experiment_name of the run; on a node without logs, the run its "
            "GPUs work for (default: $VERL_EXPORTER_EXPERIMENT, else from the config verl prints, else the "
            "source file's name)", env="VERL_EXPORTER_EXPERIMENT"),
+    Option("node.max-runs", 8, "most unfinished runs followed for which this node's GPUs and host still count "
+           "as theirs; an exporter following more reads a shared log directory and is none of their nodes "
+           "(then only the run of --project/--experiment counts)", int),
     Option("collector.training", True, "training metrics from the sources", switch=True),
     Option("collector.gpu", True, "GPU metrics through NVML", switch=True),
     Option("collector.host", True, "host and job metrics through psutil", switch=True),
@@ -188,7 +191,7 @@ def _check(settings: Settings) -> None:
         except re.error as exc:
             raise ConfigError(f"--job.match is not a valid regular expression: {exc}") from None
     for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs",
-                 "source.max-open-files"):
+                 "source.max-open-files", "node.max-runs"):
         if getattr(settings, attr(flag)) <= 0:
             raise ConfigError(f"--{flag} must be positive")
     for flag in ("store.retention", "store.idle-retention"):

@@ -29,8 +29,8 @@ GPU_BUSY_RATIO = 0.5
 
 
 # The run's nodes: every exporter that serves verl_node_run_info for it (the head, from the logs it
-# follows, and the workers, from --project/--experiment), or follows it (older exporters).
-RUN_NODES = f"group by (instance) (verl_node_run_info{{{RUN}}} or verl_training_run_info{{{RUN}}})"
+# follows, and the workers, from --project/--experiment); not one that reads a shared log directory.
+RUN_NODES = f"group by (instance) (verl_node_run_info{{{RUN}}})"
 
 
 def run_gpus(expr: str) -> str:

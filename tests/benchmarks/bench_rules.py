@@ -99,6 +99,10 @@ def _prometheus_metric(url: str, name: str) -> dict[str, float]:
     return found
 
 
+def _prometheus_cpu_seconds(prometheus) -> float:
+    return _prometheus_metric(prometheus.url, "process_cpu_seconds_total").get("", float("nan"))
+
+
 def _query_scalar(prometheus, expr: str) -> float:
     """An instant query's first value (0 if empty); queries over every series of 1000 runs take seconds
     while Prometheus evaluates the rules, hence the long timeout."""
@@ -128,6 +132,21 @@ def measure(work: Path, runs: int, rule_sets: dict[str, list[Path]], *, steps: i
                 for name, files in rule_sets.items()}
 
 
+def _active_alerts_by_name(prometheus, count: int = 8) -> list[dict]:
+    """The alerts with the most pending or firing instances: each costs template work at every evaluation."""
+    import urllib.parse
+
+    from servers import http_get
+
+    query = "count by (alertname, alertstate) (ALERTS)"
+    status, body = http_get(prometheus.url + "/api/v1/query?" + urllib.parse.urlencode({"query": query}), timeout=120)
+    if status != 200:
+        return []
+    rows = [{"alert": item["metric"]["alertname"], "state": item["metric"]["alertstate"],
+             "count": int(float(item["value"][1]))} for item in json.loads(body)["data"]["result"]]
+    return sorted(rows, key=lambda row: -row["count"])[:count]
+
+
 def _costliest_rules(prometheus, count: int = 5) -> list[dict]:
     status, body, _ = scrape(prometheus.url + "/api/v1/rules")
     if status != 200:
@@ -153,8 +172,10 @@ def _measure_rules(work: Path, exporter, runs: int, rule_files: list[Path], *, i
         groups = set(_prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total"))
         durations: dict[str, list[float]] = {group: [] for group in groups}
         seen_iterations: dict[str, float] = {}
-        deadline = time.monotonic() + (evaluations + 3) * interval + 30
-        while any(len(values) < evaluations for values in durations.values()):
+        started, cpu_start = time.monotonic(), _prometheus_cpu_seconds(prometheus)
+        deadline = started + (evaluations + 3) * interval + 30
+        while any(len(values) < evaluations for values in durations.values()) \
+                or time.monotonic() - started < evaluations * interval:
             if time.monotonic() > deadline:
                 raise BenchmarkError(f"rule groups did not evaluate {evaluations} times in time")
             iterations = _prometheus_metric(prometheus.url, "prometheus_rule_group_iterations_total")
@@ -164,7 +185,11 @@ def _measure_rules(work: Path, exporter, runs: int, rule_files: list[Path], *, i
                     seen_iterations[group] = iterations[group]
                     durations[group].append(last.get(group, float("nan")))
             time.sleep(interval / 2)
+        cpu_per_interval = (_prometheus_cpu_seconds(prometheus) - cpu_start) / (time.monotonic() - started) * interval
         figures = {
+            # All of Prometheus's CPU time (scrapes, rules, this script's reads) per evaluation interval:
+            # unlike the groups' wall-clock durations, it does not grow when groups wait for a CPU.
+            "prometheus_cpu_seconds_per_interval": cpu_per_interval,
             "runs": runs,
             "run_series": _query_scalar(prometheus, 'count({__name__=~"verl_[^:]+", experiment!=""})'),
             "all_series_scraped": _query_scalar(prometheus, 'scrape_samples_scraped{job="verl"}'),
@@ -175,6 +200,7 @@ def _measure_rules(work: Path, exporter, runs: int, rule_files: list[Path], *, i
             "scrape_seconds": _query_scalar(prometheus, 'scrape_duration_seconds{job="verl"}'),
             "groups": {group: summary(values) for group, values in sorted(durations.items())},
             "costliest_rules": _costliest_rules(prometheus),
+            "most_active_alerts": _active_alerts_by_name(prometheus),
         }
     medians = [stats["median"] for stats in figures["groups"].values()]
     figures["rule_eval_seconds_total"] = sum(medians)
@@ -183,9 +209,15 @@ def _measure_rules(work: Path, exporter, runs: int, rule_files: list[Path], *, i
     return figures
 
 
+def rule_cpu(with_rules: dict, without: dict) -> float:
+    """Prometheus CPU seconds per evaluation interval that the rules add."""
+    return with_rules["prometheus_cpu_seconds_per_interval"] - without["prometheus_cpu_seconds_per_interval"]
+
+
 def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations: int,
         reference: str | None = None) -> Result:
-    rule_sets = {"shipped": shipped_rule_files()}
+    # No rules at all: what Prometheus spends on the scrapes alone, so that the CPU the rules take shows.
+    rule_sets = {"shipped": shipped_rule_files(), "none": []}
     notes = [f"rule files: {', '.join(str(p.relative_to(REPO)) for p in rule_sets['shipped']) or 'none found'}"]
     if reference:
         try:
@@ -197,12 +229,16 @@ def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations
         notes.append(f"reference: the rule files of {reference} ({len(rule_sets['reference'])} files), "
                      "measured after the shipped ones against the same exporter")
     figures = {"rule_files": [str(p.relative_to(REPO)) for p in rule_sets["shipped"]], "reference": reference,
-               "by_runs": {}, "reference_by_runs": {}}
+               "by_runs": {}, "reference_by_runs": {}, "no_rules_by_runs": {}}
     rows = []
     for count in runs:
         results = measure(work, count, rule_sets, steps=steps, interval=interval, evaluations=evaluations)
         result = results["shipped"]
         figures["by_runs"][str(count)] = result
+        notes.append(f"{count} runs, costliest rules: " + ", ".join(
+            f"{rule['rule']} {rule['seconds'] * 1000:.0f} ms" for rule in result["costliest_rules"]))
+        notes.append(f"{count} runs, most pending or firing: " + ", ".join(
+            f"{row['alert']} {row['state']} {row['count']}" for row in result["most_active_alerts"]))
         rows += [
             Row(f"{count} runs: rule evaluation, all groups", result["rule_eval_seconds_total"] * 1000, "ms",
                 "< 1000 ms at 1000 runs" if count == 1000 else ""),
@@ -212,7 +248,10 @@ def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations
             Row(f"{count} runs: firing alerts", result["alerts"], "alerts"),
             Row(f"{count} runs: pending and firing alerts", result["active_alerts"], "alerts"),
             Row(f"{count} runs: scrape duration", result["scrape_seconds"] * 1000, "ms"),
+            Row(f"{count} runs: Prometheus CPU per evaluation interval, rules", rule_cpu(result, results["none"]) * 1000,
+                "ms", "CPU with the rules minus CPU without any"),
         ]
+        figures["no_rules_by_runs"][str(count)] = results["none"]
         if "reference" in results:
             before = results["reference"]
             figures["reference_by_runs"][str(count)] = before
@@ -221,6 +260,8 @@ def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations
                 Row(f"{count} runs: reference rules, recorded series", before["recorded_series"], "series"),
                 Row(f"{count} runs: reference rules, firing alerts", before["alerts"], "alerts"),
                 Row(f"{count} runs: reference rules, pending and firing", before["active_alerts"], "alerts"),
+                Row(f"{count} runs: reference rules, Prometheus CPU per interval, rules",
+                    rule_cpu(before, results["none"]) * 1000, "ms"),
                 Row(f"{count} runs: shipped / reference", result["rule_eval_seconds_total"]
                     / before["rule_eval_seconds_total"] if before["rule_eval_seconds_total"] else float("nan"), "x"),
             ]

@@ -1,3 +1,5 @@
+import pytest
+
 from exposition import matching, samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
@@ -52,3 +54,26 @@ def test_project_and_experiment_default_to_the_environment(monkeypatch, tmp_path
     assert config.load([]).project is None
     monkeypatch.delenv("VERL_EXPORTER_EXPERIMENT")
     assert config.load([]).experiment is None
+
+
+def test_an_exporter_of_a_shared_directory_is_none_of_its_runs_nodes():
+    store = RunStore(default_catalog())
+    for index in range(9):
+        store.ingest(Record(RunKey("gsm8k", f"run-{index}"), 1, {"actor/pg_clipfrac": 0.1}, time=1.0,
+                            source=f"run-{index}.jsonl"))
+    limit = [9]
+    collector = NodeCollector(store, lambda: ("math", "named"), max_runs=lambda: limit[0])
+    assert len(node_runs(scrape_collectors(node=collector))) == 10
+    # One unfinished run more than --node.max-runs: its GPUs are no followed run's, the named run keeps them.
+    limit[0] = 8
+    assert node_runs(scrape_collectors(node=collector)) == {("math", "named")}
+    store.ingest(Record(RunKey("gsm8k", "run-0"), 2, {"actor/pg_clipfrac": 0.1}, time=2.0, source="run-0.jsonl",
+                        finished=True))
+    assert len(node_runs(scrape_collectors(node=collector))) == 9  # 8 unfinished again, and the named run
+
+
+def test_node_max_runs_is_a_positive_flag():
+    assert config.load([]).node_max_runs == 8
+    assert config.load(["--node.max-runs", "1"]).node_max_runs == 1
+    with pytest.raises(config.ConfigError, match="node.max-runs"):
+        config.load(["--node.max-runs", "0"])

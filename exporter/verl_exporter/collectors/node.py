@@ -1,7 +1,9 @@
 """The runs this node works for, so that rules can attribute its GPUs and host to them.
 
-Emits, for each run the exporter knows (the unfinished runs it follows, and the run of
-``--project``/``--experiment`` or ``VERL_EXPORTER_PROJECT``/``VERL_EXPORTER_EXPERIMENT``)::
+Emits, for the run of ``--project``/``--experiment`` (or ``VERL_EXPORTER_PROJECT``/
+``VERL_EXPORTER_EXPERIMENT``) and for the unfinished runs it follows, while they are at most
+``--node.max-runs`` (8: a node has at most 8 GPUs, so it cannot be a node of more runs at once; an
+exporter following more reads a shared log directory, and its GPUs are none of theirs)::
 
     # HELP verl_node_run_info The runs whose job uses this node's GPUs and host; always 1.
     # TYPE verl_node_run_info gauge
@@ -21,9 +23,12 @@ from ..store import RunStore
 
 
 class NodeCollector:
-    def __init__(self, store: RunStore | None, named_run: Callable[[], tuple[str | None, str | None]]):
+    def __init__(self, store: RunStore | None, named_run: Callable[[], tuple[str | None, str | None]],
+                 max_runs: Callable[[], int] = lambda: 8):
         self.store = store
-        self.named_run = named_run  # (project, experiment) of the flags: read at scrape time (reload)
+        # Read at scrape time, so that a reload applies: (project, experiment) of the flags, the cap.
+        self.named_run = named_run
+        self.max_runs = max_runs
 
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
@@ -40,8 +45,10 @@ class NodeCollector:
         if project and experiment:
             runs.add((project, experiment))
         if self.store is not None:
-            runs.update((state.run.project, state.run.experiment) for state in self.store.snapshot().runs
-                        if not state.finished)
+            followed = {(state.run.project, state.run.experiment) for state in self.store.snapshot().runs
+                        if not state.finished}
+            if len(followed) <= self.max_runs():
+                runs.update(followed)
         return sorted(runs)
 
     def collect(self) -> Iterable[Metric]:
