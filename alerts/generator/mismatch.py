@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from verl_exporter.catalog import default_catalog
 
-from .model import NUMBER, RUN, Alert, Group
+from .model import NUMBER, PER_STEP_INTERVAL, RUN, Alert, Group
 
 _CATALOG = default_catalog()
 # The thresholds are the catalog's (healthy ranges from the guides above), read once here so the
@@ -144,6 +144,6 @@ MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference
         "Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
         "(`parameter_sync_step`); enable rollout correction; give rollout more resources if the trainer "
         "outpaces it."),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 GROUPS = (MISMATCH,)

@@ -66,6 +66,12 @@ class Alert:
         return f"{self.held} (window in the expression), then {wait}" if self.held else wait
 
 
+# Evaluation interval of the groups whose inputs change once per training step (a minute or more
+# in verl runs) and whose alerts wait 5m or longer: a quarter of the evaluations of Prometheus's
+# usual 15s. Groups that page, that catch a one-step spike or that feed dashboards keep the global one.
+PER_STEP_INTERVAL = "1m"
+
+
 @dataclass(frozen=True)
 class Group:
     """A rule group: ``name`` in Prometheus, the rule file it lives in, its alerts."""
@@ -75,6 +81,13 @@ class Group:
     title: str
     alerts: tuple[Alert, ...] = field(default_factory=tuple)
     training: bool = False  # per-run alerts: silent once the run has finished
+    interval: str = ""  # evaluation interval; "" for Prometheus's global one
+
+    def __post_init__(self) -> None:
+        if self.interval:
+            shortest = min((parse_duration(alert.for_) for alert in self.alerts), default=None)
+            if shortest is not None and shortest < 5 * parse_duration(self.interval):
+                raise ValueError(f"{self.name}: a `for` of {shortest:g}s is too short for interval {self.interval}")
 
 
 def parse_duration(text: str) -> float:

@@ -114,11 +114,21 @@ def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_r
     for group in settings.recording_groups():
         for entry in group["rules"]:
             entry["expr"] = layout(scale_expr(fill(entry["expr"], catalog, EXTRA_THRESHOLDS), time_scale, min_range))
-        files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(group)
+        files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(group, time_scale))
     for group in GROUPS:
         rules = [rule(alert, group, catalog, time_scale, min_range) for alert in group.alerts]
-        files.setdefault(group.file, {"groups": []})["groups"].append({"name": group.name, "rules": rules})
+        entry = {"name": group.name, "interval": group.interval, "rules": rules}
+        files.setdefault(group.file, {"groups": []})["groups"].append(with_interval(entry, time_scale))
     return {name: dump(data) for name, data in files.items()}
+
+
+def with_interval(group: dict, time_scale: float) -> dict:
+    """``group`` with its own evaluation interval, if any; scaled rules (tests, the demo) run every
+    group at the global interval of the Prometheus they are written for."""
+    interval = group.pop("interval", "")
+    if not interval or time_scale != 1:
+        return group
+    return {"name": group.pop("name"), "interval": interval, **group}
 
 
 def recording_rules(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_range: float = 0.0) -> str:

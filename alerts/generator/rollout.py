@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .model import PERCENT, RUN, Alert, Group
+from .model import PERCENT, PER_STEP_INTERVAL, RUN, Alert, Group
 
 RATE = "5m"
 BY_RUN = "by (project, experiment)"
@@ -82,6 +82,6 @@ ROLLOUT = Group("verl-rollout", "verl-performance.rules.yml", "Rollout engines",
         "`max_num_batched_tokens`.",
         "11.2",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 GROUPS = (ROLLOUT,)

@@ -13,6 +13,8 @@ unknown.
 
 from __future__ import annotations
 
+from .model import PER_STEP_INTERVAL
+
 RULE_FILE = "verl-training.rules.yml"
 ACTOR_GRAD_CLIP = "run:verl_actor_grad_clip:setting"
 CRITIC_GRAD_CLIP = "run:verl_critic_grad_clip:setting"
@@ -46,6 +48,7 @@ def recording_groups() -> list[dict]:
     batches = f'ceil({setting("data.train_batch_size")} / {setting(f"{ACTOR}.ppo_mini_batch_size")})'
     return [{
         "name": "verl-run-settings",
+        "interval": PER_STEP_INTERVAL,
         "rules": [
             {"record": ACTOR_GRAD_CLIP, "expr": setting_or_default(f"{ACTOR}.grad_clip")},
             {"record": CRITIC_GRAD_CLIP, "expr": setting_or_default("critic.grad_clip")},

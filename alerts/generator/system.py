@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import DURATION, GPU, NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
+from .model import DURATION, GPU, NUMBER, PERCENT, PER_STEP_INTERVAL, RUN, RUN_MATCH, Alert, Group
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -126,7 +126,7 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         "`ppo_max_token_len_per_gpu` (e.g. 16384 -> 8192).",
         "11.2",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations", (
     Alert(

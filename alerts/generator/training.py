@@ -5,7 +5,7 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import NUMBER, PERCENT, RUN, RUN_MATCH, Alert, Group
+from .model import NUMBER, PERCENT, PER_STEP_INTERVAL, RUN, RUN_MATCH, Alert, Group
 from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, POLICY_UPDATES, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
@@ -154,7 +154,7 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "`actor_rollout_ref.actor.grad_clip`.",
         "1.7",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)", (
     Alert(
@@ -232,7 +232,7 @@ CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)
         "Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
         "2.3",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages", (
     Alert(
@@ -271,7 +271,7 @@ REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
         "3.1",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
     Alert(
@@ -306,7 +306,7 @@ LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
         "Raise `data.max_prompt_length`, or filter over-long prompts (`data.filter_overlong_prompts`).",
         "4.4",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diagnoses", (
     Alert(
@@ -349,6 +349,6 @@ DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diag
         "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
         "11.4",
     ),
-), training=True)
+), training=True, interval=PER_STEP_INTERVAL)
 
 GROUPS = (ACTOR, CRITIC, REWARD, LENGTHS, DIAGNOSES)

@@ -36,7 +36,7 @@ FULL = {
     "rule_runs": "10,100,1000",
     "rule_steps": 20,
     "rule_interval": 5.0,
-    "rule_evaluations": 5,
+    "rule_evaluations": 9,
 }
 QUICK = {
     "scrapes": 20,
