@@ -25,13 +25,13 @@ STALLED = (
     f" > {RUN_MATCH} (${{timing_s/step:stalled_steps}} * ("
     "avg_over_time(verl_timing_step_seconds[1h])"
     f" or {RUN_MATCH} (0 * verl_training_last_step_timestamp_seconds + ${{timing_s/step:too_slow}})))"
-    f" unless {RUN_MATCH} verl_training_finished == 1"
+    f" unless {RUN_MATCH} verl_training_finished_timestamp_seconds"
 )
 
 _XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
 # The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
 THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
-UNFINISHED = f"unless {RUN_MATCH} verl_training_finished == 1"
+UNFINISHED = f"unless {RUN_MATCH} verl_training_finished_timestamp_seconds"
 # The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
 RUN_GPUS = ("{{ with printf `project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}`"
             " $labels.project $labels.experiment | query }} Its GPUs, over all its nodes, are"

@@ -21,6 +21,8 @@ WARMED_CRITIC_HELD = f"verl_training_last_step offset {HELD} >= ${{critic/vf_exp
 def held_below(series: str, threshold: str) -> str:
     """``series`` below ``threshold`` at every sample of the last hour; the value is its highest."""
     return f"max_over_time({series}[{HELD}]) < {threshold}"
+
+
 # Mean score of the last hour minus the mean of the hour before (needs two hours of data).
 SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
 
@@ -37,8 +39,8 @@ GRAD_PINNED = grad_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad
 MULTI_UPDATE = f"{RUN_MATCH} {POLICY_UPDATES} > 1"
 UNKNOWN = " (verl's default; the run's config is unknown)"
 CLIP_RATIO = quote("actor_rollout_ref.actor.clip_ratio", "${setting:actor_rollout_ref.actor.clip_ratio}" + UNKNOWN)
-ACTOR_CLIP = quote("actor_rollout_ref.actor.grad_clip", "${setting:actor_rollout_ref.actor.grad_clip}" + UNKNOWN)
-CRITIC_CLIP = quote("critic.grad_clip", "${setting:critic.grad_clip}" + UNKNOWN)
+# No description quotes grad_clip: where the gradient norm is pinned, its value shown is the clip
+# value, and a `query` in a description runs at every evaluation of every pending alert.
 MAX_RESPONSE = quote("data.max_response_length", "(unknown: the run's config is not known)")
 MAX_PROMPT = quote("data.max_prompt_length", "(unknown: the run's config is not known)")
 HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
@@ -144,8 +146,8 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "VerlActorGradNormPinned", "warning",
         f"verl_actor_grad_norm and {GRAD_PINNED}", "15m",
         "The actor's gradient norm is pinned at the clip value.",
-        f"Run {RUN}: actor/grad_norm has stayed at the run's grad_clip {ACTOR_CLIP} "
-        f"(now {NUMBER}): every update is clipped.",
+        f"Run {RUN}: actor/grad_norm has stayed at the run's grad_clip (now {NUMBER}): every update is "
+        "clipped.",
         "When `actor/grad_norm` equals the gradient clip value (the run's "
         "`actor_rollout_ref.actor.grad_clip`, else verl's default "
         "${setting:actor_rollout_ref.actor.grad_clip}) step after step, every gradient is being clipped: "
@@ -162,8 +164,8 @@ CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)
         "verl_critic_grad_norm and "
         + grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"), "15m",
         "The critic's gradient norm is pinned at the clip value.",
-        f"Run {RUN}: critic/grad_norm has stayed at the run's critic.grad_clip {CRITIC_CLIP} "
-        f"(now {NUMBER}): every critic update is clipped.",
+        f"Run {RUN}: critic/grad_norm has stayed at the run's critic.grad_clip (now {NUMBER}): every "
+        "critic update is clipped.",
         "When `critic/grad_norm` equals the critic's gradient clip value (the run's `critic.grad_clip`, "
         "else verl's default ${setting:critic.grad_clip}) step after step, every critic gradient is "
         "clipped: the critic's learning rate is too high or the returns are out of scale.",
@@ -315,7 +317,7 @@ DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diag
         f" and verl_actor_ppo_kl > ${{actor/ppo_kl:too_large}} and {GRAD_PINNED}", "10m",
         "The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
         f"Run {RUN}: actor/pg_clipfrac is {PERCENT} with actor/ppo_kl above ${{actor/ppo_kl:too_large}} and "
-        f"actor/grad_norm pinned at the run's grad_clip {ACTOR_CLIP}: the learning rate is too high.",
+        "actor/grad_norm pinned at the run's grad_clip: the learning rate is too high.",
         "The guide's worked example 2: `actor/pg_clipfrac` 0.85, `actor/ppo_kl` 0.125 and `actor/grad_norm` "
         "at the clip value 1.0 while the score does not rise. Each update overshoots, PPO clips most "
         "samples and every gradient is clipped.",

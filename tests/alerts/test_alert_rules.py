@@ -191,6 +191,24 @@ def test_time_scaling_shrinks_durations_but_not_thresholds():
         model.parse_duration("10 minutes")
 
 
+def test_per_step_groups_evaluate_every_minute_and_pages_at_the_global_interval():
+    groups = {group["name"]: group for text in render.rule_files().values() for group in yaml.safe_load(text)["groups"]}
+    slow = {name for name, group in groups.items() if group.get("interval") == model.PER_STEP_INTERVAL}
+    assert {"verl-run-settings", "verl-actor", "verl-critic", "verl-diagnoses", "verl-performance"} <= slow
+    assert slow.isdisjoint({"verl-operations", "verl-gpu", "verl-anomaly"})
+    for name in slow:  # nothing in them pages, or fires on a single evaluation
+        for entry in groups[name]["rules"]:
+            assert entry.get("labels", {}).get("severity") != "critical", entry.get("alert")
+            if "alert" in entry:
+                assert model.parse_duration(entry["for"]) >= 5 * model.parse_duration(model.PER_STEP_INTERVAL)
+    # Scaled rules (the demo, the end-to-end tests) run every group at their Prometheus's interval.
+    scaled = [group for text in render.rule_files(time_scale=1 / 300).values() for group in yaml.safe_load(text)["groups"]]
+    assert not [group["name"] for group in scaled if "interval" in group]
+    alert = next(iter(render.GROUPS[0].alerts))
+    with pytest.raises(ValueError, match="too short"):
+        model.Group("verl-x", "x.rules.yml", "X", (dataclasses.replace(alert, for_="0s"),), interval="1m")
+
+
 def catalog_numbers(names: set[str]) -> set[float]:
     catalog = default_catalog()
     numbers = set()

@@ -289,6 +289,27 @@ def test_settings_length_and_end_are_served():
                    if name.startswith(("verl_run_config", "verl_training_total_steps")))
 
 
+def test_the_finished_time_is_served_once_the_run_has_finished_and_only_then():
+    store = make_store()
+    store.ingest(Record(RUN, 0, {}, total_steps=2))
+    store.ingest(Record(RUN, 1, {"actor/pg_clipfrac": 0.1}, time=100.0))
+    run = (("experiment", RUN.experiment), ("project", RUN.project))
+
+    def served() -> dict:
+        text = scrape_collectors(training=TrainingCollector(store))
+        assert check_metrics(text) == ""
+        return samples(text)
+
+    assert ("verl_training_finished_timestamp_seconds", run) not in served()
+    assert "verl_training_finished_timestamp_seconds" not in scrape_collectors(training=TrainingCollector(store))
+    store.ingest(Record(RUN, 2, {"actor/pg_clipfrac": 0.1}, time=160.0))
+    values = served()
+    assert values[("verl_training_finished", run)] == 1
+    assert values[("verl_training_finished_timestamp_seconds", run)] == 160.0
+    store.ingest(Record(RUN, 3, {"actor/pg_clipfrac": 0.1}, time=220.0))  # resumed: running again
+    assert ("verl_training_finished_timestamp_seconds", run) not in served()
+
+
 def test_the_catalog_lists_the_settings_the_rules_need_each_spelling_once():
     catalog = default_catalog()
     keys = [spec.key for spec in catalog.settings]

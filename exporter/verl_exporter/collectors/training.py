@@ -13,6 +13,8 @@ and per run::
     verl_training_steps_ingested_total{project,experiment}         steps read since the exporter started
     verl_training_finished{project,experiment}                     1 once the run reached its last step or verl
                                                                    printed its end of training
+    verl_training_finished_timestamp_seconds{project,experiment}   once finished only: when its last step was
+                                                                   read (rules guard on it: few series)
     verl_training_total_steps{project,experiment}                  the run's length (verl's "Total training steps")
     verl_run_config{project,experiment,key}                        the run's numeric settings (catalog.yaml's
                                                                    ``settings``), key the dotted verl setting
@@ -40,6 +42,8 @@ from .. import run_settings
 from ..store import RunStore
 
 RUN_LABELS = ["project", "experiment"]
+# Per-run families served only where some run has a sample (no empty HELP and TYPE for them).
+OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info")
 
 
 class TrainingCollector:
@@ -80,7 +84,7 @@ class TrainingCollector:
                 else:
                     families[key].samples += family.samples
         self.add_store_families(families, snapshot)
-        for name in ("total_steps", "config", "config_info"):  # only where some run has them
+        for name in OPTIONAL_FAMILIES:
             if not families[name].samples:
                 del families[name]
         yield from families.values()
@@ -98,6 +102,8 @@ class TrainingCollector:
             families["last_step_time"].add_metric(run, state.last_step_time)
         families["steps"].add_metric(run, state.steps_ingested)
         families["finished"].add_metric(run, 1.0 if state.finished else 0.0)
+        if state.finished and state.last_step_time is not None:
+            families["finished_time"].add_metric(run, state.last_step_time)
         families["dropped"].add_metric(run, len(state.dropped_keys) + state.dropped_unremembered)
         families["info"].add_metric(run + [state.source], 1.0)
         if state.total_steps is not None:
@@ -147,6 +153,12 @@ class TrainingCollector:
             "finished": GaugeMetricFamily(
                 "verl_training_finished",
                 "1 once the run reached its last step or verl reported the end of training, else 0.",
+                labels=RUN_LABELS),
+            # Only finished runs have it, so a rule's "unless finished" selects those few series, not
+            # every run's verl_training_finished.
+            "finished_time": GaugeMetricFamily(
+                "verl_training_finished_timestamp_seconds",
+                "Unix time at which the finished run's last step was read; absent while the run has not finished.",
                 labels=RUN_LABELS),
             "total_steps": GaugeMetricFamily(
                 "verl_training_total_steps", "Training steps the run will take (verl's Total training steps).",

@@ -22,6 +22,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from .training import OPTIONAL_FAMILIES
+
 PRERENDER = contextvars.ContextVar("verl_exporter_prerender", default=False)
 _HEADER_LINES = 2  # "# HELP" and "# TYPE"
 
@@ -79,10 +81,10 @@ class RunRenderCache:
 
     Families come out in the order ``collect()`` gives them: the per-run families, the store's,
     then the logged metrics by name; a per-run family that no run has and that ``collect()`` leaves
-    out (total steps, config) is left out here too.
+    out (finished time, total steps, config) is left out here too.
     """
 
-    OPTIONAL = ("total_steps", "config", "config_info")
+    OPTIONAL = OPTIONAL_FAMILIES
 
     def __init__(self, collector):
         self.collector = collector
