@@ -161,11 +161,9 @@ def _costliest_rules(prometheus, count: int = 5) -> list[dict]:
 
 
 def _duration_seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit) and text[:-len(unit)].isdigit():
-            return int(text[:-len(unit)]) * units[unit]
-    raise BenchmarkError(f"duration {text!r}")
+    from verl_exporter.config import parse_duration
+
+    return parse_duration("interval", text)
 
 
 def shipped_evaluation_interval() -> float:
