@@ -312,8 +312,7 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
         "VerlGpusIdle", "warning",
         "avg by (job, instance) (verl_gpu_utilization_ratio) < ${system:gpu_idle_utilization}"
         " and on(job, instance) ((verl_job_running == 1)"
-        " or ((max by (job, instance) (verl_training_finished == 0) or max by (job, instance)"
-        " (verl_node_run_info and on(project, experiment) verl_training_finished == 0))"
+        " or (max by (job, instance) (verl_node_run_info and on(project, experiment) verl_training_finished == 0)"
         " unless on(job, instance) verl_job_running))",
         "10m",
         "GPUs are idle while the training job runs.",
@@ -321,9 +320,10 @@ GPUS = Group("verl-gpu", "verl-gpu.rules.yml", "GPUs and host", (
         "runs.",
         "The job is alive but its GPUs do nothing: it waits on something (data, reward server, a hung "
         "collective, a dead Ray worker). Where the exporter watches no job processes, a node counts as "
-        "running while a run it works for has not finished: the runs it follows, or on a worker node "
-        "without logs the run of its `--project`/`--experiment` (`verl_node_run_info`), finished or not "
-        "as the head node's exporter says.",
+        "running while a run it works for (`verl_node_run_info`) has not finished, as the head node's "
+        "exporter says: the runs it follows, or on a worker node without logs the run of its "
+        "`--project`/`--experiment`. An exporter that reads a shared log directory works for none of the "
+        "runs it follows, so its own idle GPUs do not fire this.",
         "See VerlTrainingStalled; check the job's log, Ray's dashboard and the reward service.",
     ),
     Alert(
