@@ -25,32 +25,33 @@ def per_run(per_target: str, nodes: str = NODES) -> str:
     return f"sum by (project, experiment) ({per_target} * on(job, instance) group_right() {nodes})"
 
 
+# Per-run figures over every node of the run: (recorded name, aggregation per target, metric);
+# "avg" is the sum over the run's GPUs or hosts divided by their count.
+FIGURES = (
+    ("project_experiment:verl_gpus:count", "count", "verl_gpu_up"),
+    ("project_experiment:verl_gpus_up:sum", "sum", "verl_gpu_up"),
+    ("project_experiment:verl_gpu_utilization_ratio:avg", "avg", "verl_gpu_utilization_ratio"),
+    ("project_experiment:verl_gpu_memory_used_bytes:sum", "sum", "verl_gpu_memory_used_bytes"),
+    ("project_experiment:verl_gpu_memory_total_bytes:sum", "sum", "verl_gpu_memory_total_bytes"),
+    ("project_experiment:verl_gpu_power_watts:sum", "sum", "verl_gpu_power_watts"),
+    ("project_experiment:verl_host_cpu_utilization_ratio:avg", "avg", "verl_host_cpu_utilization_ratio"),
+    ("project_experiment:verl_host_memory_used_bytes:sum", "sum", "verl_host_memory_used_bytes"),
+    ("project_experiment:verl_job_processes:sum", "sum", "verl_job_processes"),
+    ("project_experiment:verl_job_resident_memory_bytes:sum", "sum", "verl_job_resident_memory_bytes"),
+    ("project_experiment:verl_job_running_nodes:sum", "max", "verl_job_running"),
+)
+
+
+def figure(aggregation: str, metric: str) -> str:
+    if aggregation == "avg":
+        return f"{figure('sum', metric)} / {figure('count', metric)}"
+    return per_run(f"{aggregation} by (job, instance) ({metric})")
+
+
 def recording_rules() -> list[dict]:
     """Rules of the verl-fleet group that come first: the run's nodes, then per-run GPU and host figures."""
-    gpus = "project_experiment:verl_gpus:count"
     return [
         {"record": NODES, "expr": f"{NODE_RUNS} unless on(project, experiment) {FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": f"count by (project, experiment) ({NODES})"},
-        {"record": gpus, "expr": per_run("count by (job, instance) (verl_gpu_up)")},
-        {"record": "project_experiment:verl_gpus_up:sum", "expr": per_run("sum by (job, instance) (verl_gpu_up)")},
-        {"record": "project_experiment:verl_gpu_utilization_ratio:avg",
-         "expr": f"{per_run('sum by (job, instance) (verl_gpu_utilization_ratio)')}"
-                 f" / {per_run('count by (job, instance) (verl_gpu_utilization_ratio)')}"},
-        {"record": "project_experiment:verl_gpu_memory_used_bytes:sum",
-         "expr": per_run("sum by (job, instance) (verl_gpu_memory_used_bytes)")},
-        {"record": "project_experiment:verl_gpu_memory_total_bytes:sum",
-         "expr": per_run("sum by (job, instance) (verl_gpu_memory_total_bytes)")},
-        {"record": "project_experiment:verl_gpu_power_watts:sum",
-         "expr": per_run("sum by (job, instance) (verl_gpu_power_watts)")},
-        {"record": "project_experiment:verl_host_cpu_utilization_ratio:avg",
-         "expr": f"{per_run('sum by (job, instance) (verl_host_cpu_utilization_ratio)')}"
-                 f" / {per_run('count by (job, instance) (verl_host_cpu_utilization_ratio)')}"},
-        {"record": "project_experiment:verl_host_memory_used_bytes:sum",
-         "expr": per_run("sum by (job, instance) (verl_host_memory_used_bytes)")},
-        {"record": "project_experiment:verl_job_processes:sum",
-         "expr": per_run("sum by (job, instance) (verl_job_processes)")},
-        {"record": "project_experiment:verl_job_resident_memory_bytes:sum",
-         "expr": per_run("sum by (job, instance) (verl_job_resident_memory_bytes)")},
-        {"record": "project_experiment:verl_job_running_nodes:sum",
-         "expr": per_run("max by (job, instance) (verl_job_running)")},
+        *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
     ]
