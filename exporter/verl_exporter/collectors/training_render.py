@@ -84,8 +84,6 @@ class RunRenderCache:
     out (finished time, total steps, config) is left out here too.
     """
 
-    OPTIONAL = OPTIONAL_FAMILIES
-
     def __init__(self, collector):
         self.collector = collector
         self._lock = threading.Lock()
@@ -142,7 +140,7 @@ class RunRenderCache:
         for key, family in families.items():
             if key in self._joined:
                 static += (self._headers[key], self._joined[key])
-            elif key not in self.OPTIONAL:
+            elif key not in OPTIONAL_FAMILIES:
                 close_block()
                 parts.append(self._store_part(key, family))
         static += (part for key in sorted(k for k in self._joined if k.startswith("verl_"))
