@@ -1,13 +1,17 @@
 """Alerts that learn the run's own normal: each value against its trailing mean and spread.
 
-Per run, recording rules keep each watched metric's trailing mean and its z-score against the
-trailing window (``run:<metric>:mean1h``, ``run:<metric>:zscore1h``): the window is the hour
-that ended ``GAP`` ago, so a spike or a shift is not yet part of the normal it is measured
-against; the standard deviation has a floor per metric, so a series that barely moves does not
-turn noise into huge z-scores; and nothing is recorded until the window holds
-``${anomaly:min_steps}`` steps, so the first steps (warm-up, fast early changes) never alert.
-"Trailing hour" in the descriptions is that window. Spikes alert at once; collapses and rises
-must last 10 minutes.
+Per run, recording rules keep each watched metric's z-score against the trailing window and its
+change relative to the trailing mean (``run:<metric>:zscore1h``, ``run:<metric>:change1h``): the
+window is the hour that ended ``GAP`` ago, so a spike or a shift is not yet part of the normal it
+is measured against; the standard deviation has a floor per metric (at least the 0.001 that verl
+before 0.5 prints), so a series that barely moves or is rounded does not turn noise into huge
+z-scores; and nothing is recorded until the window holds ``${anomaly:min_steps}`` steps, so the
+first steps (warm-up, fast early changes) never alert. "Trailing hour" in the descriptions is
+that window.
+
+What is compared with that normal is the median of the last ``RECENT`` (at least three steps
+where anything is recorded), not the latest step: a one-step spike that recovers, common in
+healthy runs, moves no median; a spike that lasts does. Collapses must last 10 minutes more.
 """
 
 from __future__ import annotations
@@ -18,26 +22,42 @@ from .model import NUMBER, RUN, RUN_MATCH, Alert, Group, fill
 
 WINDOW = "1h"
 GAP = "15m"
+RECENT = "10m"
 THRESHOLDS = {
     "spike_zscore": 6.0,   # a spike: this many trailing standard deviations above the trailing mean
     "spike_change": 1.0,   # ... and up by more than this share of the trailing mean (1: doubled)
     "shift_zscore": 4.0,   # a lasting shift (collapse, rise)
     "drop_change": 0.5,    # a collapse: down by more than this share of the trailing mean
-    "rise_change": 0.5,    # entropy up by more than this share of its trailing mean
     "min_steps": 20.0,     # steps the trailing window must hold before anything is recorded
 }
 # Floors of the trailing standard deviation, in the metric's unit (about its healthy noise).
 WATCHED = {
     "verl_actor_grad_norm": 0.01,
-    "verl_actor_ppo_kl": 0.0001,
-    "verl_actor_pg_loss": 0.001,
+    "verl_actor_ppo_kl": 0.001,  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
+    "verl_actor_pg_loss": 0.05,  # healthy runs move it by up to 0.06 for hours while they learn
     "verl_critic_vf_loss": 0.01,
     "verl_critic_score_mean": 0.01,
     "verl_critic_rewards_mean": 0.01,
-    "verl_actor_entropy": 0.01,
-    "verl_response_length_mean": 1.0,
 }
+# Slow trends, measured over hours rather than steps (verl steps take 10 s to 20 minutes).
+THRESHOLDS |= {
+    "entropy_rise_ratio": 1.5,   # VerlEntropyRising: the last hour's median over the 6-hour low
+    "entropy_rise_min": 0.05,    # ... and above it by at least this much (a collapsed 2e-4 may double)
+    "length_drop_ratio": 0.5,    # VerlResponseLengthCollapsed: 30-minute median under this share of before
+    "length_rise_ratio": 2.0,    # VerlResponseLengthExploded: ... over this multiple
+    "min_baseline_steps": 5.0,   # steps the 6 hours before must hold
+}
+LONG = "6h"
 EXTRA = {"anomaly": THRESHOLDS}
+
+
+def median(series: str, window: str, offset: str = "") -> str:
+    return f"quantile_over_time(0.5, {series}[{window}]{' offset ' + offset if offset else ''})"
+
+
+# The run's entropy low of the 6 hours before the last: its 10th percentile, so that one low step does
+# not count, and an hour that collapsed is not the low it is compared with.
+LOW_ENTROPY = f"quantile_over_time(0.1, verl_actor_entropy[{LONG}] offset 1h)"
 
 
 def change(metric: str) -> str:
@@ -57,12 +77,13 @@ def recording_rules() -> list[dict]:
     rules = []
     for metric, floor in WATCHED.items():
         trailing = f"{metric}[{WINDOW}] offset {GAP}"
+        recent = f"quantile_over_time(0.5, {metric}[{RECENT}])"
         rules += [
             {"record": change(metric),
-             "expr": f"({metric} - avg_over_time({trailing})) / clamp_min(abs(avg_over_time({trailing})), {floor:g})"
+             "expr": f"({recent} - avg_over_time({trailing})) / clamp_min(abs(avg_over_time({trailing})), {floor:g})"
                      f"{enough}"},
             {"record": zscore(metric),
-             "expr": f"({metric} - avg_over_time({trailing})) / clamp_min(stddev_over_time({trailing}), {floor:g})"
+             "expr": f"({recent} - avg_over_time({trailing})) / clamp_min(stddev_over_time({trailing}), {floor:g})"
                      f"{enough}"},
         ]
     for entry in rules:
@@ -82,8 +103,6 @@ def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) 
 
 _SHIFTS = {  # kind: (z-score comparison, change comparison, description)
     "drop": ("< -${anomaly:shift_zscore}", "< -${anomaly:drop_change}", "fell by more than ${anomaly:drop_change}"),
-    "rise": ("> ${anomaly:shift_zscore}", "> ${anomaly:rise_change}", "rose by more than ${anomaly:rise_change}"),
-    "spike": ("> ${anomaly:shift_zscore}", "> ${anomaly:spike_change}", "rose by more than ${anomaly:spike_change}"),
 }
 
 
@@ -94,6 +113,20 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
         name, "warning", f"{zscore(metric)} {by_z} and {change(metric)} {by_change}", "10m", summary,
         f"Run {RUN}: {key} has a z-score of {NUMBER} against its trailing hour and {moved} of that hour's mean.",
         meaning, fix)
+
+
+def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning: str, fix: str) -> Alert:
+    """The last 15 minutes' median response length against the median of the 6 hours before the last 30
+    minutes (more than half of the 15 minutes must be short or long: one odd step is not)."""
+    recent, before = median("verl_response_length_mean", "15m"), median("verl_response_length_mean", LONG, "30m")
+    return Alert(
+        name, "warning",
+        f"{recent} {comparison} ${{anomaly:{ratio}}} * {before}"
+        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}] offset 30m) >= ${{anomaly:min_baseline_steps}}",
+        "10m", summary,
+        f"Run {RUN}: the median response_length/mean of the last 15 minutes is {NUMBER} tokens, against "
+        "${anomaly:" + ratio + "} of its median over the 6 hours before.",
+        meaning, fix, "4.1")
 
 
 ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal (anomalies)", (
@@ -136,26 +169,39 @@ ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal 
            "minutes. If the score did not fall too, the KL penalty grew: the policy drifts from the reference.",
            "If `critic/score/mean` fell too, see VerlScoreCollapsed; otherwise check "
            "`actor/reward_kl_penalty` and raise the KL coefficient (`algorithm.kl_ctrl.kl_coef`)."),
-    _shift("verl_actor_entropy", "actor/entropy", "VerlEntropyRising", "rise",
-           "Policy entropy rose well above the run's own normal.",
-           "Entropy normally falls slowly during RL training. A lasting rise of more than half means the "
-           "policy is becoming random: too large updates, a too high entropy bonus, or rollouts that no "
-           "longer match the trained policy (training-inference mismatch).",
-           "Check `actor_rollout_ref.actor.entropy_coeff`, `actor/ppo_kl` and "
-           "`training/rollout_probs_diff_max`; lower `actor_rollout_ref.actor.optim.lr` or the entropy "
-           "coefficient."),
-    _shift("verl_response_length_mean", "response_length/mean", "VerlResponseLengthCollapsed", "drop",
-           "Responses became far shorter than the run's own normal.",
-           "The mean response length halved within the hour: the policy learned to stop early (a reward "
-           "that favours short answers, a format shortcut) or generation is broken (EOS, stop tokens).",
-           "Read a few responses of the latest steps; check the reward function for length effects and the "
-           "rollout's stop settings."),
-    _shift("verl_response_length_mean", "response_length/mean", "VerlResponseLengthExploded", "spike",
-           "Responses became far longer than the run's own normal.",
-           "The mean response length doubled within the hour: repetition loops or rambling, often right "
-           "before `response_length/clip_ratio` rises and the rewards fall.",
-           "Read a few responses; watch `response_length/clip_ratio`; consider a length penalty or a lower "
-           "sampling temperature."),
+    Alert(
+        "VerlEntropyRising", "warning",
+        f"{median('verl_actor_entropy', '1h')} > ${{anomaly:entropy_rise_ratio}} * {LOW_ENTROPY}"
+        f" and {median('verl_actor_entropy', '1h')} - {LOW_ENTROPY} > ${{anomaly:entropy_rise_min}}"
+        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}]) >= ${{anomaly:min_baseline_steps}}", "15m",
+        "Policy entropy rose well above the run's own normal.",
+        f"Run {RUN}: actor/entropy over the last hour (median {NUMBER}) is more than "
+        "${anomaly:entropy_rise_ratio} times its low of the last 6 hours.",
+        "Entropy normally falls slowly during RL training. An hour whose median is half again above the "
+        "run's own low of the last 6 hours (its 10th percentile, so one low step does not count) means the "
+        "policy is becoming random: too large updates, a too high entropy bonus, no KL anchor, or rollouts "
+        "that no longer match the trained policy (training-inference mismatch). Real runs that degrade this "
+        "way rise from about 0.24 to 0.5-0.8 over a few hours while the score falls.",
+        "Check `actor_rollout_ref.actor.entropy_coeff`, `actor/ppo_kl` and "
+        "`training/rollout_probs_diff_max`; lower `actor_rollout_ref.actor.optim.lr` or the entropy "
+        "coefficient, or add a KL loss (`actor_rollout_ref.actor.use_kl_loss`).",
+        "1.5"),
+    _length_shift("VerlResponseLengthCollapsed", "<", "length_drop_ratio",
+                  "Responses became far shorter than the run's own normal.",
+                  "The median response length of the last 15 minutes is under half of the median of the 6 "
+                  "hours before: the policy learned to stop early (a reward that favours short answers, a "
+                  "format shortcut, a KL penalty that outweighs the score) or generation is broken (EOS, "
+                  "stop tokens). Real collapses go from about 1,000 tokens to 1-10.",
+                  "Read a few responses of the latest steps; check the reward function for length effects, "
+                  "the KL coefficient and the rollout's stop settings; restart from a checkpoint before the "
+                  "collapse."),
+    _length_shift("VerlResponseLengthExploded", ">", "length_rise_ratio",
+                  "Responses became far longer than the run's own normal.",
+                  "The median response length of the last 15 minutes is more than twice the median of the 6 "
+                  "hours before: repetition loops or rambling, often right before "
+                  "`response_length/clip_ratio` rises and the rewards fall.",
+                  "Read a few responses; watch `response_length/clip_ratio`; consider a length penalty or a "
+                  "lower sampling temperature."),
 ), training=True)
 
 GROUPS = (ANOMALY,)

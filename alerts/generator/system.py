@@ -28,6 +28,14 @@ STALLED = (
     f" unless {RUN_MATCH} verl_training_finished_timestamp_seconds"
 )
 
+# The guide's problem 4, slow training, told against the run's own earlier steps: the median step of
+# the last 30 minutes over twice the median of the 6 hours before.
+STEP_SLOWER = (
+    "quantile_over_time(0.5, verl_timing_step_seconds[30m])"
+    " > ${timing_s/step:slowdown_ratio} * quantile_over_time(0.5, verl_timing_step_seconds[6h] offset 30m)"
+    f" and {RUN_MATCH} changes(verl_training_last_step[6h] offset 30m) >= 5"
+)
+
 _XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
 # The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
 THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
@@ -52,10 +60,15 @@ def _new_or_increased(selector: str, window: str) -> str:
 PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performance", (
     Alert(
         "VerlGenerationBottleneck", "info",
-        "verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}", "30m",
-        "Generation takes more than half of each step.",
-        f"Run {RUN}: generation (timing_s/gen) takes {PERCENT} of the step time.",
-        "When `timing_s/gen` exceeds half of `timing_s/step`, rollout generation is the bottleneck.",
+        f"verl_timing_gen_seconds / verl_timing_step_seconds > ${{timing_s/step:gen_share}} and {STEP_SLOWER}",
+        "30m",
+        "Steps got twice as slow, and generation takes more than half of each.",
+        f"Run {RUN}: the steps take twice as long as earlier in the run, and generation (timing_s/gen) "
+        f"takes {PERCENT} of the step time.",
+        "When `timing_s/gen` exceeds half of `timing_s/step`, rollout generation is the bottleneck (the "
+        "guide's problem 4). In most healthy RL runs generation is more than half of the step by design, so "
+        "the rule speaks only when the steps also became twice as slow as earlier in the run (as "
+        "VerlStepSlow): then it says which phase to look at.",
         "Raise `actor_rollout_ref.rollout.max_num_seqs` (more concurrent sequences in vLLM/SGLang), adjust "
         "`actor_rollout_ref.rollout.tensor_model_parallel_size`, raise "
         "`actor_rollout_ref.rollout.gpu_memory_utilization`.",
@@ -63,11 +76,14 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
     ),
     Alert(
         "VerlActorUpdateBottleneck", "info",
-        "verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}",
-        "30m",
-        "Actor updates take more than 40% of each step.",
-        f"Run {RUN}: the actor update (timing_s/update_actor) takes {PERCENT} of the step time.",
-        "When `timing_s/update_actor` exceeds 40% of `timing_s/step`, training the actor is the bottleneck.",
+        "verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}"
+        f" and {STEP_SLOWER}", "30m",
+        "Steps got twice as slow, and actor updates take more than 40% of each.",
+        f"Run {RUN}: the steps take twice as long as earlier in the run, and the actor update "
+        f"(timing_s/update_actor) takes {PERCENT} of the step time.",
+        "When `timing_s/update_actor` exceeds 40% of `timing_s/step`, training the actor is the bottleneck "
+        "(the guide's problem 4). Healthy 7B runs on FSDP and Megatron spend 40-60% of a step there by "
+        "design, so the rule speaks only when the steps also became twice as slow as earlier in the run.",
         "Tune `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` (or `use_dynamic_bsz`), enable "
         "`actor_rollout_ref.actor.use_torch_compile`.",
         "11.2",
@@ -88,24 +104,33 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
     ),
     Alert(
         "VerlActorMfuLow", "info",
-        "verl_perf_mfu_actor < ${perf/mfu/actor:poor}", "30m",
-        "Actor model FLOPs utilisation is poor (below 20%).",
-        f"Run {RUN}: perf/mfu/actor is {PERCENT}, below ${{perf/mfu/actor:poor}}.",
-        "MFU is achieved FLOPs over the hardware peak: above 40% excellent, 30-40% good, 20-30% fair, "
-        "below 20% poor.",
+        "quantile_over_time(0.5, verl_perf_mfu_actor[30m])"
+        " < ${perf/mfu/actor:drop_ratio} * quantile_over_time(0.9, verl_perf_mfu_actor[6h])"
+        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= 2", "30m",
+        "Actor model FLOPs utilisation fell to half of the run's own.",
+        f"Run {RUN}: perf/mfu/actor has a median of {PERCENT} over 30 minutes, under "
+        "${perf/mfu/actor:drop_ratio} of its usual high (90th percentile) of the last 6 hours.",
+        "MFU is achieved FLOPs over the hardware peak. The guide's bands (above 40% excellent, below 20% "
+        "poor) are for dense training on NVIDIA GPUs; real healthy runs log 5-15% (RL steps with short "
+        "sequences, AMD GPUs whose peak verl does not know, older releases that count FLOPs differently), "
+        "so the rule compares the run with itself: a drop to half means the actor update became slower "
+        "for the same work (throttled or shared GPUs, a memory-bound micro batch, offloading).",
         "Raise micro batch sizes, use `use_dynamic_bsz` and sequence packing (`use_remove_padding`), "
         "avoid needless gradient checkpointing or offloading.",
         "7.4",
     ),
     Alert(
         "VerlStepSlow", "info",
-        "verl_timing_step_seconds > ${timing_s/step:too_slow}", "30m",
-        "Training steps take longer than 120 s.",
-        f"Run {RUN}: a training step takes {DURATION} (timing_s/step, limit ${{timing_s/step:too_slow}} s).",
-        "The guide treats a step time above 120 s as slow training. A step's time follows the model "
-        "size, `data.train_batch_size` x `actor_rollout_ref.rollout.n` and the response length, so large "
-        "runs are slow by design: this is information only; a run that became slower than it was raises "
-        "VerlThroughputDropped.",
+        STEP_SLOWER, "30m",
+        "Training steps take twice as long as earlier in the run.",
+        f"Run {RUN}: the median step of the last 30 minutes takes {DURATION} (timing_s/step), over "
+        "${timing_s/step:slowdown_ratio} times the median of the 6 hours before.",
+        "The guide treats a step time above 120 s as slow training, but a step's time follows the model "
+        "size, `data.train_batch_size` x `actor_rollout_ref.rollout.n` and the response length: healthy "
+        "7B runs take 150-400 s a step, agent runs up to 1,000 s. So the rule compares the run with its "
+        "own earlier steps, by medians (a checkpoint save or a validation makes one step long, and "
+        "counts for nothing): twice as slow means longer responses (see `response_length/mean`), a slower "
+        "phase or slower hardware.",
         "See which `timing_s/*` phase dominates (VerlGenerationBottleneck, VerlActorUpdateBottleneck) and "
         "tune that phase.",
         "11.2",

@@ -25,6 +25,20 @@ def held_below(series: str, threshold: str) -> str:
 
 # Mean score of the last hour minus the mean of the hour before (needs two hours of data).
 SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
+# The score of the last 30 minutes did not rise over the 30 minutes before.
+SCORE_STALLED = ("avg_over_time(verl_critic_score_mean[30m]) - avg_over_time(verl_critic_score_mean[30m] offset 30m)"
+                 " < ${critic/score/mean:min_gain}")
+# The score's range over 6 hours, from the batches' best and worst sequence scores.
+SCORE_RANGE = "(max_over_time(verl_critic_score_max[6h]) - min_over_time(verl_critic_score_min[6h]))"
+# Converged near its best: the last hour's mean within a tenth of that range of the best step of 6 hours.
+NEAR_BEST = ("avg_over_time(verl_critic_score_mean[1h]) >= max_over_time(verl_critic_score_mean[6h])"
+             f" - ${{critic/score/mean:near_best_share}} * {SCORE_RANGE}")
+# The score sits in the lower half of its range of 6 hours.
+SCORE_LOW = ("verl_critic_score_mean < (max_over_time(verl_critic_score_max[6h])"
+             " + min_over_time(verl_critic_score_min[6h])) / 2")
+# Some value of the hour was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of 0.000
+# every step says nothing about how small it really was.
+RESOLVED_KL = f"(max_over_time(verl_actor_ppo_kl[{HELD}]) > 0 or min_over_time(verl_actor_ppo_kl[{HELD}]) < 0)"
 
 
 def grad_pinned(metric: str, clip: str, tolerance: str) -> str:
@@ -61,13 +75,17 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
     ),
     Alert(
         "VerlPolicyUpdateConservative", "info",
-        f"{held_below('verl_actor_pg_clipfrac', '${actor/pg_clipfrac:conservative}')} and {WARMED_ACTOR_HELD}"
+        f"{held_below('verl_actor_pg_clipfrac', '${actor/pg_clipfrac:conservative}')}"
+        f" and max_over_time(verl_actor_pg_clipfrac[{HELD}]) > 0 and {WARMED_ACTOR_HELD}"
         f" and {MULTI_UPDATE}", HELD_FOR,
         "PPO has clipped almost no policy updates for an hour.",
         f"Run {RUN}: actor/pg_clipfrac has stayed below ${{actor/pg_clipfrac:conservative}} for an hour (at "
         f"most {PERCENT}; clip_ratio {CLIP_RATIO}): policy updates are conservative and learning may be slow.",
-        "Below 0.05 almost no update reaches the clip range: the policy changes little per step and may "
-        "converge slowly. After convergence (score high and flat) this is expected. Only for runs that "
+        "The guide calls below 0.05 conservative, but healthy real runs that update several times per "
+        "rollout clip 0.1-0.5% of their samples (0.001-0.005) for their whole life: the rule waits for "
+        "below 0.001, where almost no update reaches the clip range and the policy changes little per step. "
+        "A fraction printed as 0.000 at every step (verl before 0.5) says nothing and is left out, like an "
+        "exact 0. After convergence (score high and flat) this is expected. Only for runs that "
         "update the policy more than once per rollout (`ppo_epochs` > 1 or `ppo_mini_batch_size` below "
         "`data.train_batch_size`): on-policy runs (the common GRPO recipe) clip nothing by construction, "
         "and runs whose config the exporter does not know are left out.",
@@ -90,14 +108,15 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "VerlPolicyFrozen", "info",
         f"{held_below('verl_actor_ppo_kl', '${actor/ppo_kl:frozen}')}"
         f" and min_over_time(verl_actor_ppo_kl[{HELD}]) > -${{actor/ppo_kl:frozen}}"
-        f" and {WARMED_ACTOR_HELD} and {MULTI_UPDATE}", HELD_FOR,
+        f" and {RESOLVED_KL} and {WARMED_ACTOR_HELD} and {MULTI_UPDATE}", HELD_FOR,
         "The policy has barely changed for an hour (PPO KL about 0).",
         f"Run {RUN}: actor/ppo_kl has stayed within ±${{actor/ppo_kl:frozen}} for an hour (at most "
         f"{NUMBER}): the policy is almost frozen.",
         "Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
         "has decayed to nothing or exploration has collapsed. Only for runs that update the policy more "
         "than once per rollout: on-policy, the old and the new policy are the same and `ppo_kl` is 0 by "
-        "construction; runs whose config the exporter does not know are left out.",
+        "construction; runs whose config the exporter does not know are left out. A KL printed as 0.000 "
+        "at every step (verl before 0.5 prints 3 decimals) says nothing: such an hour is left out too.",
         "Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
         "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
         "1.3",
@@ -106,13 +125,16 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
     Alert(
         "VerlEntropyCollapsing", "warning",
         "verl_actor_entropy < ${actor/entropy:collapse_drop_ratio} * max_over_time(verl_actor_entropy[1h])"
-        " and verl_actor_entropy < ${actor/entropy:healthy.min}", "5m",
-        "Policy entropy fell fast to near zero.",
+        f" and verl_actor_entropy < ${{actor/entropy:healthy.min}} and {SCORE_STALLED}", "5m",
+        "Policy entropy fell fast to near zero while the score stalled.",
         f"Run {RUN}: actor/entropy is {NUMBER}, less than ${{actor/entropy:collapse_drop_ratio}} of its "
-        "maximum of the last hour and below ${actor/entropy:healthy.min}.",
+        "maximum of the last hour and below ${actor/entropy:healthy.min}, and critic/score/mean has not "
+        "risen over the last 30 minutes.",
         "Entropy measures how random the policy's output is. It should fall slowly (e.g. 0.8 -> 0.4 over "
-        "200 steps); halving within an hour to below 0.1 means exploration is collapsing and the policy "
-        "may be stuck in a local optimum.",
+        "200 steps); halving within an hour to below 0.1 while the score stops rising is the guide's "
+        "signature of a collapse: exploration has ended and the policy may be stuck in a local optimum. "
+        "Healthy math runs also drop fast early (0.36 -> 0.09 in 20 minutes) and end at 0.01-0.05, but "
+        "with a score that is rising then, or has converged near its best: neither alerts.",
         "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or the sampling temperature "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2).",
         "1.5",
@@ -121,12 +143,14 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "VerlEntropyFlat", "warning",
         "abs(avg_over_time(verl_actor_entropy[1h]) - avg_over_time(verl_actor_entropy[1h] offset 1h))"
         " / avg_over_time(verl_actor_entropy[1h] offset 1h) < ${actor/entropy:flat_change_ratio}"
-        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "1h",
+        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}} unless {NEAR_BEST}", "1h",
         "Entropy and score have both stayed flat: the policy is not learning.",
         f"Run {RUN}: actor/entropy changed by only {PERCENT} hour over hour while critic/score/mean "
         "gained less than ${critic/score/mean:min_gain}.",
         "Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
-        "the policy is not learning anything: the reward signal is missing or uninformative.",
+        "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
+        "has converged near its best score (the last hour within a tenth of the score's range of its best "
+        "step of 6 hours) is flat by design and is left out.",
         "Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
         "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
         "1.5",
@@ -262,13 +286,32 @@ REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages
         "3.3",
     ),
     Alert(
+        "VerlNoLearningSignal", "warning",
+        "max_over_time(verl_critic_advantages_max[30m]) < ${critic/advantages/max:no_signal}"
+        " and min_over_time(verl_critic_advantages_min[30m]) > -${critic/advantages/min:no_signal}"
+        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= 2", "10m",
+        "Every advantage is 0: the run has no learning signal.",
+        f"Run {RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes (at most {NUMBER}): "
+        "no sample is better or worse than its group, so the policy gets no gradient.",
+        "With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
+        "same as the others gets advantage 0. When all advantages are 0 step after step, every group is "
+        "uniform: usually every response scores 0 (a reward function that never matches the answer "
+        "format, responses cut at `data.max_response_length`), sometimes all score the maximum (data too "
+        "easy). `pg_loss` and `grad_norm` sit at about 0 and the run learns nothing.",
+        "Look at `critic/score/mean` and a few responses: check the reward function against the answer "
+        "format and the data source, `response_length/clip_ratio` (raise `data.max_response_length`), and "
+        "the prompt template; if every response is right, use harder data.",
+        "3.3",
+    ),
+    Alert(
         "VerlScoreNotImproving", "info",
-        f"{SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "1h",
+        f"{SCORE_GAIN} < ${{critic/score/mean:min_gain}} unless {NEAR_BEST}", "1h",
         "The mean score has not improved for an hour.",
         f"Run {RUN}: critic/score/mean changed by {NUMBER} hour over hour (less than "
         "${critic/score/mean:min_gain}).",
         "`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
-        "training. A flat score means the run has converged or stopped learning.",
+        "training. A flat score far from the run's best means it stopped learning; one within a tenth of "
+        "the score's range of its best step of 6 hours has converged, and is left out.",
         "If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
         "3.1",
@@ -327,12 +370,15 @@ DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diag
     Alert(
         "VerlPrematureConvergence", "warning",
         "verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
-        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}}", "30m",
-        "The policy converged prematurely: entropy near 0, KL near 0, score flat.",
-        f"Run {RUN}: actor/entropy is {NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean: "
-        "the policy has converged prematurely.",
+        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}} and {SCORE_LOW}", "30m",
+        "The policy converged prematurely: entropy near 0, KL near 0, score flat and low.",
+        f"Run {RUN}: actor/entropy is {NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean in the "
+        "lower half of its range: the policy has converged prematurely.",
         "The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
-        "about 0. The policy is stuck in a local optimum because it stopped exploring.",
+        "about 0. The policy is stuck in a local optimum because it stopped exploring. \"Premature\" is "
+        "told from a finished convergence by the score: it is in the lower half of the range the batches' "
+        "scores spanned over 6 hours (`critic/score/min` to `/max`). Healthy math runs converge with "
+        "entropy 0.02-0.05 and a KL that prints as 0, but near the top of that range.",
         "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2), then restart from an earlier checkpoint.",
         "11.2",

@@ -1,0 +1,50 @@
+"""Every real run of ../shared/real-runs replays to what its verdict (real_runs.yml) says: healthy runs
+raise no warning or critical alert at any point and at most one info alert; failing runs raise the
+alerts of the failure their author reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from real_runs import VERDICTS, available_runs, log_files, replay_files, require_real_runs
+
+VERDICT_KINDS = {"healthy", "failing", "degraded", "short", "no-steps"}
+
+
+def test_every_real_run_has_a_verdict():
+    require_real_runs()
+    runs = set(available_runs())
+    assert runs, "the real-runs folder holds no run"
+    assert runs - set(VERDICTS) == set(), "runs without a verdict in tests/history/real_runs.yml"
+    for name, entry in VERDICTS.items():
+        assert entry["verdict"] in VERDICT_KINDS, name
+        assert entry.get("why"), f"{name}: say why"
+        if entry["verdict"] in ("failing", "degraded"):
+            assert entry.get("fires"), f"{name}: a failing run names the alerts it must raise"
+
+
+@pytest.mark.parametrize("run", sorted(VERDICTS))
+def test_real_run_replays_to_its_verdict(tmp_path, run):
+    require_real_runs()
+    if run not in available_runs():
+        pytest.skip(f"{run} is not in the real-runs folder")
+    entry = VERDICTS[run]
+    files = log_files(run)
+    replayed = replay_files(files, tmp_path)
+    fired = replayed.fired
+    if entry["verdict"] == "no-steps":
+        steps = [step for clock in replayed.history.steps.values() for _, step in clock]
+        assert max(steps, default=0) <= 0, f"a run that never stepped logged steps {steps}"
+        assert fired == {}, fired
+    if "run" in entry:
+        assert [f"{key.project}/{key.experiment}" for key in replayed.history.steps] == [entry["run"]]
+    assert set(entry.get("silent", [])) & set(fired) == set(), f"must stay silent: {entry.get('silent')}"
+    if entry["verdict"] == "healthy":
+        loud = {name: level for name, level in fired.items() if level in ("warning", "critical")}
+        assert loud == {}, f"a healthy run raised {loud}"
+        assert len(replayed.by_severity("info")) <= 1, f"more than one info alert: {sorted(fired)}"
+    elif entry["verdict"] in ("short", "no-steps"):
+        assert replayed.by_severity("critical") == set(), fired
+    else:
+        missing = set(entry["fires"]) - set(fired)
+        assert missing == set(), f"{run} did not raise {sorted(missing)} (fired: {sorted(fired)})"
