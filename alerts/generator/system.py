@@ -20,12 +20,18 @@ THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brak
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
 # more than `stalled_steps` times the usual step time (the catalog's slowest healthy step when it is
 # unknown). Measured at the scrape (timestamp()), not at evaluation, so the scrape interval adds nothing.
+# How long the run's checkpoint save has been running, for runs saving one now.
+SAVING_FOR = (
+    "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)"
+    " and verl_checkpoint_saving == 1)"
+)
 STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
     f" > {RUN_MATCH} (${{timing_s/step:stalled_steps}} * ("
     "avg_over_time(verl_timing_step_seconds[1h])"
     f" or {RUN_MATCH} (0 * verl_training_last_step_timestamp_seconds + ${{timing_s/step:too_slow}})))"
     f" unless {RUN_MATCH} verl_training_finished_timestamp_seconds"
+    f" unless {RUN_MATCH} {SAVING_FOR} < ${{system:checkpoint_save_ceiling_seconds}}"
 )
 
 # The guide's problem 4, slow training, told against the run's own earlier steps: the median step of
@@ -162,12 +168,34 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "time, and the run has not finished." + RUN_GPUS,
         "No new step has been read for several times the run's usual step time (plus the `for` "
         "duration), the run has not finished (reached its last step, or verl printed its end of "
-        "training) and, where the exporter knows the job "
+        "training), it is not saving a checkpoint (verl's `local_global_step_folder:` line until the "
+        "next step; a save counts for at most ${system:checkpoint_save_ceiling_seconds} s, and a slow one "
+        "raises VerlCheckpointSaveSlow) and, where the exporter knows the job "
         "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
         "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",
         "Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "
         "alerts on the same hosts; restart from the last checkpoint (`trainer.resume_mode=auto`).",
         "8.1",
+    ),
+    Alert(
+        "VerlCheckpointSaveSlow", "warning",
+        f"{SAVING_FOR} > {RUN_MATCH} clamp_min(${{system:checkpoint_save_slow_ratio}}"
+        " * verl_checkpoint_last_save_duration_seconds, ${system:checkpoint_save_slow_seconds})"
+        f" or ({SAVING_FOR} > ${{system:checkpoint_save_slow_seconds}}"
+        f" unless {RUN_MATCH} verl_checkpoint_last_save_duration_seconds)", "5m",
+        "A checkpoint save runs far longer than the run's saves before.",
+        f"Run {RUN}: a checkpoint save has run for {DURATION}, over an hour and over "
+        "${system:checkpoint_save_slow_ratio} times the run's previous save.",
+        "verl prints `local_global_step_folder: .../global_step_N` when it starts saving step N's "
+        "checkpoint and logs step N's metrics when the save is done. Saves of a 7B model take minutes to "
+        "40 minutes (the verl team's GRPO baseline saves for 40 minutes every 20 steps); one that runs past "
+        "an hour and three times the run's previous save is stuck on its storage (a full or slow shared "
+        "file system, an object store that throttles) or on a rank that died while saving. The GPUs are "
+        "idle meanwhile. VerlTrainingStalled stays silent while a save runs, for up to "
+        "${system:checkpoint_save_ceiling_seconds} s.",
+        "Check the checkpoint folder (`trainer.default_local_dir`): free space, write speed, files still "
+        "growing; look for a rank that exited in the job's log; save less often (`trainer.save_freq`) or to "
+        "faster local storage and copy asynchronously.",
     ),
     Alert(
         "VerlTrainingJobCrashed", "critical",

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 # Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
 DropCounter = Callable[[str], None]
+# How long verl says a step's checkpoint save took (logged in the step after the save).
+CHECKPOINT_SAVE_KEYS = ("timing_s/save_checkpoint", "timing/save_checkpoint")
 MAX_STEP = 1 << 53  # beyond this a step is no longer exact as a float sample value
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -32,7 +34,9 @@ class Record:
     ``finished`` is set when the source saw verl's end-of-training marker; ``source`` names the
     file the record came from. A record that carries the run's ``settings`` (its config, flattened
     to dotted keys) or its ``total_steps`` (verl's ``Total training steps: N``) tells the store
-    about the run, not about a step: its ``step`` and ``values`` are not used.
+    about the run, not about a step: its ``step`` and ``values`` are not used. So does one with a
+    ``checkpoint_step``: verl started saving the checkpoint of that step (its
+    ``local_global_step_folder: .../global_step_N`` line); the run's next step ends the save.
     """
 
     run: RunKey
@@ -43,6 +47,7 @@ class Record:
     source: str = ""
     settings: dict[str, float | int | str | bool | None] | None = None
     total_steps: int | None = None
+    checkpoint_step: int | None = None
 
 
 class ParseError(ValueError):

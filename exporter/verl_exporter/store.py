@@ -20,6 +20,7 @@ reuse what it rendered of an unchanged run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -28,11 +29,40 @@ from dataclasses import dataclass, field
 
 from . import run_settings
 from .catalog import Catalog, Resolved
-from .records import Record, RunKey
+from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey
 
 log = logging.getLogger(__name__)
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
+
+
+@dataclass
+class CheckpointState:
+    """The run's checkpoint saves: the latest one started (its step and when), whether it still runs,
+    and the step and duration of the latest one done."""
+
+    step: int
+    started: float
+    saving: bool = True
+    done_step: int | None = None
+    done_seconds: float | None = None
+
+    def start(self, step: int, moment: float) -> None:
+        self.step, self.started, self.saving = step, moment, True
+
+    def end(self, moment: float, values: dict) -> None:
+        """The save ended with the run's next step (``values``, where verl says how long it took)."""
+        seconds = None
+        for key in CHECKPOINT_SAVE_KEYS:
+            try:
+                seconds = float(values[key]) if key in values else None
+            except (TypeError, ValueError):
+                seconds = None
+            if seconds is not None and seconds >= 0 and seconds != float("inf"):
+                break
+            seconds = None
+        self.saving, self.done_step = False, self.step
+        self.done_seconds = seconds if seconds is not None else max(0.0, moment - self.started)
 
 
 @dataclass
@@ -62,6 +92,7 @@ class RunState:
     config_info: dict[str, str] = field(default_factory=dict)
     active_at: float | None = None  # when the latest record of the run was written
     version: int = 0  # changes whenever the run does
+    checkpoint: CheckpointState | None = None  # once the run started saving a checkpoint
 
     def copy(self) -> "RunState":
         return RunState(
@@ -83,6 +114,7 @@ class RunState:
             config_info=dict(self.config_info),
             active_at=self.active_at,
             version=self.version,
+            checkpoint=dataclasses.replace(self.checkpoint) if self.checkpoint else None,
         )
 
     def finish(self, step: int) -> None:
@@ -162,6 +194,12 @@ class RunStore:
                 state.source = record.source
             if state.active_at is None or record.time > state.active_at:
                 state.active_at = record.time  # the run's settings (a config file written at its start) do not count
+            if record.checkpoint_step is not None:
+                self._checkpoint_started(state, record)
+                return
+            if state.checkpoint is not None and state.checkpoint.saving and (
+                    record.finished or record.step >= state.checkpoint.step):
+                state.checkpoint.end(record.time, values)
             if record.finished:
                 state.finish(record.step)
                 return
@@ -231,6 +269,13 @@ class RunStore:
             if self._cap_reached:
                 self._cap_reached = False
                 log.info("a place under the run cap is free again")
+
+    @staticmethod
+    def _checkpoint_started(state: RunState, record: Record) -> None:
+        if state.checkpoint is None:
+            state.checkpoint = CheckpointState(record.checkpoint_step, record.time)
+        else:
+            state.checkpoint.start(record.checkpoint_step, record.time)
 
     def _describe(self, state: RunState, record: Record) -> None:
         """Take a record about the run: its settings (config) and its length."""

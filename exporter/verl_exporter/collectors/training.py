@@ -23,6 +23,13 @@ and per run::
     verl_training_series_dropped_total{project,experiment}         keys dropped by the per-run series cap
     verl_training_run_info{project,experiment,source} 1
 
+and, once a run has started saving a checkpoint (verl's ``local_global_step_folder:`` line)::
+
+    verl_checkpoint_saving{project,experiment}                           1 while a save runs, else 0
+    verl_checkpoint_save_started_timestamp_seconds{project,experiment}   when the latest save started
+    verl_checkpoint_last_step{project,experiment}                        step of the latest save done
+    verl_checkpoint_last_save_duration_seconds{project,experiment}       how long it took
+
 and for the exporter: ``verl_exporter_parse_errors_total{source}``,
 ``verl_exporter_values_dropped_total{source,reason}`` (values that are no number: reason
 ``not_a_number``, ``object``, ``list`` or ``null``), ``verl_exporter_source_up{source}`` (1 when a
@@ -43,7 +50,8 @@ from ..store import RunStore
 
 RUN_LABELS = ["project", "experiment"]
 # Per-run families served only where some run has a sample (no empty HELP and TYPE for them).
-OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info")
+OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info", "checkpoint_saving",
+                     "checkpoint_started", "checkpoint_step", "checkpoint_seconds")
 
 
 class TrainingCollector:
@@ -114,6 +122,13 @@ class TrainingCollector:
             families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels], 1.0)
         for key, count in sorted(state.nonfinite.items()):
             families["nonfinite"].add_metric(run + [key], count)
+        checkpoint = state.checkpoint
+        if checkpoint is not None:
+            families["checkpoint_saving"].add_metric(run, 1.0 if checkpoint.saving else 0.0)
+            families["checkpoint_started"].add_metric(run, checkpoint.started)
+            if checkpoint.done_step is not None:
+                families["checkpoint_step"].add_metric(run, checkpoint.done_step)
+                families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
         out = {key: family for key, family in families.items() if family.samples}
         for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
             family = out.get(name)
@@ -175,6 +190,19 @@ class TrainingCollector:
             "info": GaugeMetricFamily(
                 "verl_training_run_info", "A followed run and the file it is read from.",
                 labels=RUN_LABELS + ["source"]),
+            "checkpoint_saving": GaugeMetricFamily(
+                "verl_checkpoint_saving", "1 while the run saves a checkpoint (from verl's local_global_step_folder "
+                "line to the next step), else 0.", labels=RUN_LABELS),
+            "checkpoint_started": GaugeMetricFamily(
+                "verl_checkpoint_save_started_timestamp_seconds",
+                "Unix time at which the run's latest checkpoint save started.", labels=RUN_LABELS),
+            "checkpoint_step": GaugeMetricFamily(
+                "verl_checkpoint_last_step", "Step of the run's latest checkpoint save that finished.",
+                labels=RUN_LABELS),
+            "checkpoint_seconds": GaugeMetricFamily(
+                "verl_checkpoint_last_save_duration_seconds",
+                "How long the run's latest finished checkpoint save took (verl's timing_s/save_checkpoint "
+                "where it logs it).", labels=RUN_LABELS),
             "parse_errors": CounterMetricFamily(
                 "verl_exporter_parse_errors", "Lines that could not be parsed, per source file.", labels=["source"]),
             "values_dropped": CounterMetricFamily(

@@ -95,7 +95,7 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
                 store.parse_error(paths[index], reason)
             for record in step.records:
                 store.ingest(record)
-                if not record.finished:
+                if not record.finished and record.checkpoint_step is None:
                     clock = history.steps.setdefault(record.run, [])
                     if not clock or clock[-1][1] != record.step:
                         clock.append((moment, record.step))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
+from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.console import (
     is_finished_line,
     parse_console_continuation,
@@ -239,6 +240,10 @@ class Source:
                 return record
         if state.last_step is None and "_name': '" in line:
             self._name_run_from_config(state, line)
+        if MARKER in line:
+            saved = parse_checkpoint_start(line)
+            if saved is not None:
+                return Record(state.run, state.last_step or 0, {}, now, source=state.path, checkpoint_step=saved)
         if "Total training steps:" in line:
             total = parse_total_steps(line)
             if total is not None:
