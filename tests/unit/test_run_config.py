@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import pprint
+import random
+import time
 
 import pytest
 import yaml
@@ -20,7 +22,7 @@ from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.records import ParseError, Record, RunKey
 from verl_exporter.sources import Source, format_for
 from verl_exporter.sources.run_config import (
-    MAX_CONFIG_LINES, ConfigPrint, flatten, parse_total_steps, read_config_text, read_literal,
+    MAX_CONFIG_LINES, MAX_SKIPPED_LINES, ConfigPrint, flatten, parse_total_steps, read_config_text, read_literal,
 )
 from verl_exporter.store import RunStore
 
@@ -41,6 +43,37 @@ def read_print(lines: list[str]) -> dict | None:
         if config is not None:
             return config
     return None
+
+
+def read_through(lines: list[str]) -> dict | None:
+    """The config of a log's lines, whichever are the print's."""
+    reader = None
+    for line in lines:
+        reader = reader or ConfigPrint.start(line)
+        if reader is None:
+            continue
+        taken, config = reader.feed(line)
+        assert not reader.broken, line
+        if config is not None:
+            return config
+    return None
+
+
+def cut(config: dict, positions: list[int], prefix: str = "(TaskRunner pid=222265) ") -> list[str]:
+    """The print as Ray writes it when it read the actor's output at these character positions:
+    each row cut there goes on in a line of its own."""
+    text, lines, start = pprint.pformat(config), [], 0
+    for end in sorted(set(positions)) + [None]:
+        piece = text[start:end]
+        lines.extend(piece.split("\n") if end is None or not piece.endswith("\n") else piece.split("\n")[:-1])
+        start = end
+    return [prefix + line for line in lines]
+
+
+TRICKY = {"trainer": {"project_name": "gsm8k", "experiment_name": "grpo (v2)", "logger": ["console", "wandb"],
+                      "val_before_train": True, "resume_from_path": None, "nnodes": 1},
+          "data": {"path": "C:\\data\\it's \"here\"", "long": "/very/long/path/" * 8, "max": float("inf"),
+                   "lr": 1e-06, "min": -1.5e-20, "neg": -1, "pair": {"a": 1, "b": [2, 3]}, "empty": {}}}
 
 
 def make_store() -> RunStore:
@@ -95,6 +128,91 @@ def test_a_python_warning_and_rows_split_by_ray_inside_the_print_are_read_throug
     assert config == CONFIG
 
 
+def test_a_row_cut_anywhere_reads_whole_again():
+    """Ray prints what it read of a row as a line and the rest as the next: a lone ",", a value on
+    the next line, the middle of a string, a name, a number or an escape."""
+    text = pprint.pformat(TRICKY)
+    assert "\n" in text
+    for position in range(2, len(text)):  # after the "{'" that opens the print
+        assert read_print(cut(TRICKY, [position])) == TRICKY, position
+    assert cut(TRICKY, [text.index(",")])[1] == "(TaskRunner pid=222265) ,"
+    shuffle, rows = random.Random(7), pprint.pformat(CONFIG).splitlines(keepends=True)
+    starts = [sum(map(len, rows[:i])) for i in range(len(rows))]
+    for _ in range(50):  # a dozen rows cut, each once
+        chosen = shuffle.sample(range(len(rows)), 12)
+        positions = [max(2, starts[i] + shuffle.randrange(1, len(rows[i]))) for i in chosen]
+        assert read_print(cut(CONFIG, positions)) == CONFIG
+
+
+@pytest.mark.parametrize("prefix", ["(main_task pid=8918) ", "(TaskRunner pid=222265) ",
+                                    "(WorkerDict pid=5678, ip=10.0.0.2) ",
+                                    "(wiQkzJWorkerDict_0:0 WorkerDict pid=934604) ",
+                                    "\x1b[2m\x1b[36m(main_task pid=8918)\x1b[0m ", ""])
+def test_a_print_under_any_prefix_is_read_past_other_actors_and_its_actors_other_output(prefix):
+    other = "(VmXaWorkerDict_0:1 WorkerDict pid=777) " if prefix else "(TaskRunner pid=1) "
+    lines = cut(TRICKY, [40, 41, 200, 333], prefix)
+    noise = [other + "Flash Attention 2.0 only supports torch.float16 (use device_type='cuda')",
+             prefix + "DeprecationWarning: `ray.state.x` is a private attribute and access will be removed.",
+             prefix + "WARNING:2025-07-18 19:09:23,196:Waiting for register center actor to be ready.",
+             prefix + "/verl/trainer/ppo/ray_trainer.py:325: UserWarning: Disabled critic.",
+             prefix + "  self.use_critic = need_critic(self.config)",
+             prefix + "[validate_config] All configuration checks passed successfully!",
+             prefix + "Loading: 10%|#  | 1/10\rLoading: 20%|##  | 2/10",
+             "Traceback (most recent call last):",
+             prefix + "2025-07-18 19:09:09,710\tINFO worker.py:1908 -- Started a local Ray instance.",
+             prefix + "   "]
+    mixed = [line for row in lines for line in (row, *noise[len(row) % 4::4])]
+    assert read_through(mixed) == TRICKY
+
+
+def test_another_actors_output_glued_to_a_row_ends_that_row():
+    """Ray may print another actor's output right after a row that had no newline yet; the row's own
+    newline comes later, as an empty line of no actor."""
+    lines = printed(CONFIG, "\x1b[2m\x1b[36m(main_task pid=64899)\x1b[0m ")
+    middle = len(lines) // 2
+    assert lines[middle].endswith(",")
+    glued = [lines[middle] + "\x1b[2m\x1b[36m(VGNd5CWorkerDict_0:0 WorkerDict pid=65860)\x1b[0m You should run it "
+             "with `torch.autocast(device_type='torch_device')`, or from_pretrained(\"x\", torch_dtype=torch.float16)",
+             "(VGNd5CWorkerDict_0:0 WorkerDict pid=65860) Loading checkpoint shards: 100%|##########| 3/3",
+             ""]
+    assert read_through(lines[:middle] + glued + lines[middle + 1:]) == CONFIG
+    bare = [lines[middle] + "(pid=934604) ", "(pid=934604) libgomp: Invalid value for environment variable"]
+    assert read_through(lines[:middle] + bare + lines[middle + 1:]) == CONFIG
+
+
+def test_rays_repeated_suffix_and_carriage_returns_are_not_part_of_a_row():
+    lines = printed(TRICKY)
+    lines[2] += " [repeated 2x across cluster]"
+    lines[3] = "(TaskRunner pid=222265) Loading: 50%\r" + lines[3]
+    assert read_through(lines) == TRICKY
+
+
+def test_a_lost_row_that_closed_a_bracket_leaves_the_sections_after_it_whole():
+    """A row missing from the log (here one that closes a nested dict) would leave the print open to
+    its end; the top-level rows after it are read at the top level again."""
+    config = {"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-06, "lr_warmup_steps_ratio": 0.0,
+                                                        "warmup_style": "constant"},
+                                              "ppo_epochs": 1},
+                                    "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}},
+              "data": {"train_batch_size": 256, "max_prompt_length": 512, "train_files": "data/gsm8k/train.parquet"},
+              "trainer": {"project_name": "gsm8k", "experiment_name": "ppo", "total_epochs": 15, "nnodes": 1}}
+    lines = printed(config)
+    lost = next(i for i, line in enumerate(lines) if "'warmup_style'" in line)
+    assert lines[lost].endswith("},")
+    damaged = lines[:lost] + ["something else", "", ""] + lines[lost + 1:]
+    read = read_through(damaged + ["(TaskRunner pid=222265) dataset len: 7473"])
+    assert read["trainer"] == config["trainer"] and read["data"] == config["data"]
+    assert read["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1e-06
+
+
+def test_a_row_cut_after_a_comma_inside_a_nested_dict_is_no_lost_row():
+    text = pprint.pformat(TRICKY)
+    after = text.index("'a': 1,") + len("'a': 1,")
+    lines = cut(TRICKY, [after])  # the rest starts like a row of the top-level dict
+    assert "(TaskRunner pid=222265)  'b': [2, 3]}," in lines
+    assert read_print(lines) == TRICKY
+
+
 def test_a_print_cut_short_breaks_on_the_first_line_that_is_no_row():
     lines = printed(CONFIG)[:5]
     reader = ConfigPrint.start(lines[0])
@@ -102,6 +220,42 @@ def test_a_print_cut_short_breaks_on_the_first_line_that_is_no_row():
         reader.feed(line)
     assert reader.feed("(TaskRunner pid=222265) step:1 - actor/pg_loss:0.1") == (False, None)
     assert reader.broken
+
+
+def test_a_print_whose_actor_goes_on_with_other_output_breaks():
+    reader = ConfigPrint.start(printed(CONFIG)[0])
+    reader.feed(printed(CONFIG)[0])
+    for _ in range(MAX_SKIPPED_LINES):
+        assert reader.feed("(TaskRunner pid=222265) INFO waiting for workers") == (False, None)
+        assert not reader.broken
+    reader.feed("(TaskRunner pid=222265) INFO waiting for workers")
+    assert reader.broken
+
+
+def test_a_print_starts_with_a_literal_and_ends_at_its_closing_bracket():
+    assert ConfigPrint.start("(TaskRunner pid=1) {'a': <object at 0x7f>,") is None
+    line = "(TaskRunner pid=1) {'eos_token_id': 2} and more"
+    assert ConfigPrint.start(line).feed(line) == (True, {"eos_token_id": 2})
+
+
+def test_hostile_prints_end_in_bounded_time():
+    began = time.monotonic()
+    deep = "(TaskRunner pid=1) " + "[" * 100_000
+    reader = ConfigPrint.start("(TaskRunner pid=1) {'a': ")
+    reader.feed("(TaskRunner pid=1) {'a': ")
+    assert reader.feed(deep) == (False, None)  # nested deeper than Python reads: no row
+    flat = "(TaskRunner pid=1) {'a': [" + "[]" * 400_000
+    reader = ConfigPrint.start(flat)
+    with pytest.raises(ParseError, match="longer than"):
+        for _ in range(10):
+            reader.feed(flat)
+    # rows of the top-level dict again and again inside an open dict: the second reading is tried once
+    reader = ConfigPrint.start("(TaskRunner pid=1) {'a': {'b': 1,")
+    reader.feed("(TaskRunner pid=1) {'a': {'b': 1,")
+    with pytest.raises(ParseError, match="longer than"):
+        for _ in range(MAX_CONFIG_LINES):
+            reader.feed("(TaskRunner pid=1)  'c': 1}, 'd': {'e': " + "1, " * 20 + "'f': 2,")
+    assert time.monotonic() - began < 10
 
 
 def test_a_print_too_long_or_unreadable_is_a_parse_error():
@@ -167,6 +321,24 @@ def test_a_broken_config_print_is_counted_and_the_steps_after_it_are_read(tmp_pa
     assert store.snapshot().parse_errors == {str(log): 1}
     state = store.run(RunKey("p", "e"))
     assert state.last_step == 2 and state.config == {}
+
+
+def test_a_print_ray_cut_and_mixed_with_other_output_names_the_run_without_errors(tmp_path):
+    log = tmp_path / "any" / "job.log"
+    log.parent.mkdir()
+    prefix = "\x1b[36m(TaskRunner pid=9)\x1b[0m "
+    rows = cut(TRICKY, [100, 250], prefix)
+    lines = (["2025-07-18 19:09:09,710\tINFO worker.py:1908 -- Started a local Ray instance."] + rows[:3]
+             + [prefix + "DeprecationWarning: `ray.state.x` is a private attribute.",
+                "(WorkerDict pid=10, ip=10.0.0.2) INFO a worker's line"]
+             + rows[3:] + [prefix + "Total training steps: 2", prefix + "step:1 - actor/pg_loss:0.5",
+                           prefix + "step:2 - actor/pg_loss:0.25"])
+    log.write_text("\n".join(lines) + "\n")
+    store = make_store()
+    Source(str(log), store).poll()
+    assert store.snapshot().parse_errors == {}
+    state = store.run(RunKey("gsm8k", "grpo (v2)"))
+    assert (state.last_step, state.total_steps, state.config["trainer.nnodes"]) == (2, 2, 1.0)
 
 
 def test_a_dict_that_is_not_the_config_is_ignored(tmp_path):

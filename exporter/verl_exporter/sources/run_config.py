@@ -3,7 +3,9 @@
 - Before its first step verl prints its resolved config: ``pprint`` of a nested dict, one line per
   row, each under the Ray prefix of the printing actor (``(TaskRunner pid=222265) {'actor_rollout_ref':
   {'actor': {'clip_ratio': 0.2,`` ...; verl 0.3 printed it from ``main_task``). ``ConfigPrint``
-  gathers those lines and reads them as the Python literal they are.
+  joins the lines under that prefix into one text and reads it as the Python literal it is. Ray may
+  cut a row anywhere (a lone ``,``, a value on the next line, the middle of a string), glue another
+  actor's output to its end, and put the actor's other output (warnings, log lines) between rows.
 - Then ``Total training steps: N`` (``parse_total_steps``).
 - hydra writes the same config, as YAML, to ``.hydra/config.yaml`` in the run's output folder;
   ``--run.config`` may name such a file or a saved print (``read_config_text``).
@@ -22,21 +24,28 @@ import re
 import yaml
 
 from verl_exporter.records import ParseError
-from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _content
+from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
 
 MAX_CONFIG_LINES = 10_000
 MAX_CONFIG_CHARS = 2 << 20
 MAX_LEAVES = 20_000
+MAX_SKIPPED_LINES = 100  # lines of the printing actor in a row that are no part of its print
+MAX_DEPTH = 100  # brackets open at once (Python reads no literal nested 200 deep)
 Scalar = float | int | str | bool | None
 
 _TOTAL_STEPS = re.compile(r"Total training steps: (\d+)\s*$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")  # an OmegaConf interpolation of another setting
 _NAMES = ("trainer.project_name", "trainer.experiment_name")
-# How a row of a pprint-ed dict starts: a key or string, a bracket, a number, or a constant.
-# Python's warnings print "path:line: SomeWarning: message" and then the warning's source line,
-# indented; stderr can land inside the config print (verl 0.6 warns about the critic there).
-_WARNING = re.compile(r"\S+:\d+: \w*Warning: ")
-_ROW = re.compile(r"""['"{}\[\]()\d.+:-]|(?:True|False|None|inf|nan)\b""")
+# Outside its strings a pprint row holds brackets, punctuation, digits and a few names; the actor's
+# other output (a warning, a log line, a source line) holds other names or characters.
+_PLAIN = re.compile(r"[\s{}\[\]():,.+\-\d]*")
+_BRACKET = re.compile(r"[{}\[\]()]")
+_CLOSER = {"{": "}", "[": "]", "(": ")"}
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_CONSTANTS = ("True", "False", "None", "inf", "nan")
+_STRING_REST = {quote: re.compile(rf"[^{quote}\\]*(?:\\.[^{quote}\\]*)*") for quote in "'\""}
+_TAIL = re.compile(r"[\w.]*\Z")
+_AFTER_PRINT = ("step:", "Total training steps:")  # verl's own lines after the print
 
 
 def parse_total_steps(line: str) -> int | None:
@@ -47,84 +56,184 @@ def parse_total_steps(line: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _prefix(line: str) -> str:
-    """The Ray prefix of a line (``(TaskRunner pid=222265)``), or ""."""
+def _split(line: str) -> tuple[str, str]:
+    """(Ray prefix or "", what the actor printed on the line): ANSI codes, tqdm redraws before a
+    carriage return and Ray's ``[repeated Nx across cluster]`` removed, the row's indentation kept."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
+    line = line.rstrip("\r\n")
+    prefix = _prefix(line)
+    if "\r" in line:
+        line = line.rpartition("\r")[2]
+        prefix = _prefix(line) or prefix
+    if prefix and line.startswith(prefix):
+        line = line[len(prefix) + 1:] if line[len(prefix):len(prefix) + 1] == " " else line[len(prefix):]
+    if line.endswith("]") or line.endswith("] "):
+        start = line.rfind("[repeated ")
+        if start >= 0 and _RAY_REPEATED.match(line, start):
+            line = line[:start].rstrip()
+    return prefix, line
+
+
+def _prefix(line: str) -> str:
+    """The Ray prefix a line starts with (``(TaskRunner pid=222265)``), or ""."""
     match = _RAY_PREFIX.match(line) if line.startswith("(") else None
-    return match.group(0).strip() if match else ""
+    return match.group(0).rstrip() if match else ""
 
 
 class ConfigPrint:
     """verl's config print being read, line by line, from its first line (``{'...``) on.
 
-    Only lines under the first line's Ray prefix belong to it (other actors' output may come in
-    between). ``feed`` returns whether the line was taken and, on the last line, the config. A line
-    under the prefix that cannot be a row of the print (``step:1 - ...``) is not taken and marks
-    the print ``broken``: it ended before its closing bracket. A Python warning (and its source
-    line) printed in the middle is not taken either, and the print goes on.
+    Only lines under the first line's Ray prefix belong to it, joined as they are (a row Ray cut
+    in two reads whole again). ``feed`` returns whether the line was taken and, on the line that
+    closes the outermost bracket, the config. A line under the prefix that cannot go on the print
+    (a warning, a log line) is not taken; a row followed by another actor's prefix is taken up to
+    that prefix. A line of verl's that comes after the print (``step:``, ``Total training steps:``)
+    or ``MAX_SKIPPED_LINES`` lines in a row not taken mark the print ``broken``: it ended before its
+    closing bracket.
+
+    A row lost from the log may leave a bracket open. pprint indents each row under the bracket it
+    belongs to, so at a row of the top-level dict the brackets still open inside it are closed in a
+    second reading; that reading is the config if it reads where it closes.
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, top_row: str) -> None:
         self.prefix = prefix
+        self.top_row = top_row  # how a row of the top-level dict starts: its indentation and quote
         self.parts: list[str] = []
+        self.lines = 0
         self.chars = 0
-        self.depth = 0
+        self.quote = ""  # the string literal the text so far ends in
+        self.opened: list[str] = []  # the brackets open at its end
+        self.tail = ""  # the end of the text so far that the next line may finish (a cut name or escape)
+        self.item_ended = False  # the text so far ends with a comma
+        self.skipped = 0
         self.broken = False
-        self._in_warning = False
+        self.repairs: dict[int, str] | None = {}  # part index -> closers the second reading puts there
+        self.lost = 0  # brackets the second reading closed
 
     @classmethod
     def start(cls, line: str) -> "ConfigPrint | None":
         """A new print if ``line`` opens one (a dict literal at the start of what verl printed)."""
-        if not _content(line).lstrip().startswith("{'"):
+        prefix, text = _split(line)
+        body = text.lstrip()
+        if not body.startswith("{'") or _piece(text, "", []) is None:
             return None
-        return cls(_prefix(line))
+        return cls(prefix, " " * (len(text) - len(body) + 1) + "'")
 
     def feed(self, line: str) -> tuple[bool, dict | None]:
         """(taken, config once complete). Raises ParseError when the print is too long, or complete
         but unreadable, or not a dict."""
-        if _prefix(line) != self.prefix:
+        prefix, text = _split(line)
+        if prefix != self.prefix:
             return False, None
-        text = _content(line).strip()
-        if self._in_warning and not _ROW.match(text):  # the warning's source line
-            self._in_warning = False
-            return False, None
-        self._in_warning = bool(self.parts) and _WARNING.match(text) is not None
-        if self._in_warning:
-            return False, None
-        if not text and self.parts:  # Ray split a row where pprint wrote it piece by piece
-            return True, None
-        if self.parts and not _ROW.match(text):
-            self.broken = True
-            return False, None
-        self.parts.append(text)
+        self.lines += 1
         self.chars += len(text)
-        if len(self.parts) > MAX_CONFIG_LINES or self.chars > MAX_CONFIG_CHARS:
+        if self.lines > MAX_CONFIG_LINES or self.chars > MAX_CONFIG_CHARS:
             raise ParseError(f"config print longer than {MAX_CONFIG_LINES} lines or {MAX_CONFIG_CHARS} characters")
-        self.depth = _depth(text, self.depth)
-        if self.depth > 0:
+        text = self.tail + text
+        read = _piece(text, self.quote, self.opened)
+        if read is None:
+            self.skipped += 1
+            self.broken = self.skipped > MAX_SKIPPED_LINES or text.lstrip().startswith(_AFTER_PRINT)
+            return False, None
+        piece, quote, opened = read
+        if (self.repairs is not None and self.item_ended and len(self.opened) > self.lost + 1
+                and text.startswith(self.top_row)):
+            closers = "".join(_CLOSER[b] for b in reversed(self.opened[self.lost + 1:]))
+            self.repairs[len(self.parts)] = closers + ","  # after the row's own comma: "{'a': 1,},"
+            self.lost = len(self.opened) - 1
+        self.parts.append(piece[len(self.tail):])
+        repaired = self._repaired(piece) if self.lost else None
+        if repaired is not None:
+            return True, repaired
+        self.quote, self.opened, self.tail = quote, opened, _tail(piece, quote)
+        if piece.strip():
+            self.skipped = 0
+            self.item_ended = not quote and piece.rstrip().endswith(",")
+        if opened:
             return True, None
-        return True, read_literal("\n".join(self.parts))
+        return True, read_literal("".join(self.parts).strip())
+
+    def _repaired(self, piece: str) -> dict | None:
+        """The second reading's config if it closes at the end of ``piece`` (the last part) and reads.
+        It is tried once: closed anywhere else (inside a row Ray cut after a comma) or unreadable,
+        only the first reading goes on."""
+        outer = self.opened[:1] + self.opened[self.lost + 1:]  # what the second reading has open
+        stop = _scan(piece, self.quote, outer)[0]
+        if outer:
+            return None
+        repairs, self.repairs, self.lost = self.repairs or {}, None, 0
+        if piece[stop:].strip():
+            return None
+        parts = self.parts[:-1] + [piece[len(self.tail):stop]]
+        try:
+            return read_literal("".join(repairs.get(i, "") + part for i, part in enumerate(parts)).strip())
+        except ParseError:
+            return None
 
 
-def _depth(text: str, depth: int) -> int:
-    """Bracket depth after ``text``, brackets inside quoted strings not counted."""
-    quote, escaped = "", False
-    for char in text:
+def _piece(text: str, quote: str, opened: list[str]) -> tuple[str, str, list[str]] | None:
+    """(the part of ``text`` that goes on the print, the string literal and brackets open after it)
+    for a print read so far to ``quote`` and ``opened``; None when ``text`` is other output."""
+    after = list(opened)
+    stop, after_quote, valid = _scan(text, quote, after)
+    if not valid:
+        cut = text.rfind("(", 0, stop + 1)
+        glued = _RAY_PREFIX.match(text, cut) if cut >= 0 else None
+        if glued is None or glued.end() <= stop:
+            return None
+        after = list(opened)  # another actor's output glued to the row: the row ends at its prefix
+        stop, after_quote, valid = _scan(text[:cut], quote, after)
+    return text[:stop], after_quote, after
+
+
+def _scan(text: str, quote: str, opened: list[str]) -> tuple[int, str, bool]:
+    """Read ``text`` on from inside string ``quote`` (or none) with the brackets ``opened`` (kept up
+    to date): (where reading stopped, quote, valid). It stops where the outermost bracket closes or
+    at the first character that no pprint row holds (valid False). A text that goes on a string cut
+    short must close it: other output in between has no reason to."""
+    i, end, carried = 0, len(text), bool(quote)
+    while i < end:
         if quote:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-    return depth
+            i = _STRING_REST[quote].match(text, i).end()
+            if i == end or text[i] == "\\":  # cut inside the string, perhaps after a backslash
+                return (0, quote, False) if carried else (end, quote, True)
+            quote, i, carried = "", i + 1, False
+            continue
+        j = _PLAIN.match(text, i).end()
+        for bracket in _BRACKET.finditer(text, i, j):
+            if bracket.group() in _CLOSER:
+                if len(opened) == MAX_DEPTH:
+                    return bracket.start(), quote, False
+                opened.append(bracket.group())
+            else:
+                if opened:
+                    opened.pop()
+                if not opened:
+                    return bracket.end(), "", True
+        if j == end:
+            break
+        if text[j] in "'\"":
+            quote, i = text[j], j + 1
+            continue
+        name = _NAME.match(text, j)
+        if name is None:
+            return j, quote, False
+        word, i = name.group(0), name.end()
+        cut_short = i == end and any(constant.startswith(word) for constant in _CONSTANTS)
+        exponent = word in ("e", "E") and text[j - 1:j].isdigit()
+        if word not in _CONSTANTS and not cut_short and not exponent:
+            return j, quote, False
+    return end, quote, True
+
+
+def _tail(piece: str, quote: str) -> str:
+    """What the next line may finish: an escape cut after its backslash inside a string, or the
+    last characters of a name or number."""
+    if quote:
+        return "\\" if (len(piece) - len(piece.rstrip("\\"))) % 2 else ""
+    return _TAIL.search(piece, max(0, len(piece) - 6)).group(0)
 
 
 class _SpecialFloats(ast.NodeTransformer):
