@@ -95,9 +95,9 @@ def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) 
     return Alert(
         name, "warning", f"{zscore(metric)} > ${{anomaly:spike_zscore}} and {change(metric)} > ${{anomaly:spike_change}}",
         "0s",
-        f"{what} spiked far above the run's own normal.",
-        f"Run {RUN}: {key} has a z-score of {NUMBER} against its trailing hour and rose by more than "
-        "${anomaly:spike_change} of that hour's mean.",
+        f"{what} stays far above the run's own normal.",
+        f"Run {RUN}: {key} over the last 10 minutes (median) has a z-score of {NUMBER} against its trailing "
+        "hour and rose by more than ${anomaly:spike_change} of that hour's mean: a spike that did not recover.",
         meaning, fix)
 
 
@@ -131,29 +131,35 @@ def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning:
 
 ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal (anomalies)", (
     _spike("verl_actor_grad_norm", "actor/grad_norm", "VerlActorGradNormSpike", "The actor's gradient norm",
-           "`actor/grad_norm` jumped to more than ${anomaly:spike_zscore} standard deviations above its "
-           "trailing mean (the hour that ended 15 minutes ago) and more than twice that mean. A single large "
-           "gradient often comes from a few abnormal samples (very long or degenerate responses, a reward "
-           "outlier) or from a numerical problem; repeated spikes usually precede a collapse.",
-           "Look at the samples of that step (response lengths, rewards); check `actor/pg_clipfrac` and "
-           "`actor/ppo_kl` at the same step. If spikes repeat, lower `actor_rollout_ref.actor.optim.lr` or "
+           "`actor/grad_norm` over the last 10 minutes (their median, so at least two steps in a row) is more "
+           "than ${anomaly:spike_zscore} standard deviations above its trailing mean (the hour that ended 15 "
+           "minutes ago) and more than twice that mean. Healthy runs have one-step spikes (70 against a "
+           "usual 1) that recover at the next step: those do not alert. A gradient norm that stays high "
+           "comes with degenerate responses or a numerical problem and usually precedes a collapse.",
+           "Look at the samples of those steps (response lengths, rewards); check `actor/pg_clipfrac` and "
+           "`actor/ppo_kl` at the same steps; lower `actor_rollout_ref.actor.optim.lr` or "
            "`actor_rollout_ref.actor.grad_clip`."),
     _spike("verl_actor_ppo_kl", "actor/ppo_kl", "VerlPolicyKlSpike", "The PPO KL",
-           "`actor/ppo_kl` jumped far above the run's normal: one update moved the policy much further than "
-           "usual. With training-inference mismatch or stale rollouts this is often the first sign.",
+           "`actor/ppo_kl` stayed far above the run's normal for 10 minutes (their median): updates move "
+           "the policy much further than usual. The spread has a floor of 0.001, the resolution of verl before "
+           "0.5, which prints 3 decimals: 0.000 to 0.002 is no spike. With training-inference mismatch or stale "
+           "rollouts this is often the first sign.",
            "Check `actor/grad_norm` and the mismatch metrics (`training/rollout_probs_diff_*`) of the same "
            "step; if it repeats, halve `actor_rollout_ref.actor.optim.lr`."),
     Alert(
         "VerlActorPgLossSpike", "warning",
         f"abs({zscore('verl_actor_pg_loss')}) > ${{anomaly:spike_zscore}}", "0s",
-        "The policy loss jumped far from the run's own normal.",
-        f"Run {RUN}: actor/pg_loss has a z-score of {NUMBER} against its trailing hour.",
-        "`actor/pg_loss` sits near 0 and moves slowly; a value more than ${anomaly:spike_zscore} trailing "
-        "standard deviations away (either sign) means a batch with extreme advantages or ratios.",
+        "The policy loss stays far from the run's own normal.",
+        f"Run {RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of {NUMBER} against its "
+        "trailing hour.",
+        "`actor/pg_loss` sits near 0 and moves slowly; ten minutes more than ${anomaly:spike_zscore} trailing "
+        "standard deviations away (either sign, the deviation at least 0.05: healthy runs move it by up to "
+        "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",
         "Check `critic/advantages/max` and `/min` and `actor/pg_clipfrac` at that step; look for reward "
         "outliers in the batch."),
     _spike("verl_critic_vf_loss", "critic/vf_loss", "VerlCriticVfLossSpike", "The critic's loss",
-           "`critic/vf_loss` jumped far above its trailing mean: the returns of that batch are far from what "
+           "`critic/vf_loss` stayed far above its trailing mean for 10 minutes (their median): the returns are "
+           "far from what "
            "the critic predicts (a reward scale change, outlier rewards) or the critic diverges.",
            "Check `critic/returns/*` and `critic/rewards/*` at that step; if the loss keeps climbing, lower "
            "`critic.optim.lr` or clip the rewards."),

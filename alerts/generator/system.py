@@ -39,7 +39,7 @@ STALLED = (
 STEP_SLOWER = (
     "quantile_over_time(0.5, verl_timing_step_seconds[30m])"
     " > ${timing_s/step:slowdown_ratio} * quantile_over_time(0.5, verl_timing_step_seconds[6h] offset 30m)"
-    f" and {RUN_MATCH} changes(verl_training_last_step[6h] offset 30m) >= 5"
+    f" and {RUN_MATCH} changes(verl_training_last_step[6h] offset 30m) >= ${{timing_s/step:baseline_steps}}"
 )
 
 _XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
@@ -112,12 +112,12 @@ PERFORMANCE = Group("verl-performance", "verl-performance.rules.yml", "Performan
         "VerlActorMfuLow", "info",
         "quantile_over_time(0.5, verl_perf_mfu_actor[30m])"
         " < ${perf/mfu/actor:drop_ratio} * quantile_over_time(0.9, verl_perf_mfu_actor[6h])"
-        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= 2", "30m",
+        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= ${{perf/mfu/actor:min_steps}}", "30m",
         "Actor model FLOPs utilisation fell to half of the run's own.",
         f"Run {RUN}: perf/mfu/actor has a median of {PERCENT} over 30 minutes, under "
         "${perf/mfu/actor:drop_ratio} of its usual high (90th percentile) of the last 6 hours.",
         "MFU is achieved FLOPs over the hardware peak. The guide's bands (above 40% excellent, below 20% "
-        "poor) are for dense training on NVIDIA GPUs; real healthy runs log 5-15% (RL steps with short "
+        "poor) are for dense training on NVIDIA GPUs; real healthy runs log from 7% to 79% (RL steps with short "
         "sequences, AMD GPUs whose peak verl does not know, older releases that count FLOPs differently), "
         "so the rule compares the run with itself: a drop to half means the actor update became slower "
         "for the same work (throttled or shared GPUs, a memory-bound micro batch, offloading).",

@@ -30,12 +30,14 @@ SCORE_STALLED = ("avg_over_time(verl_critic_score_mean[30m]) - avg_over_time(ver
                  " < ${critic/score/mean:min_gain}")
 # The score's range over 6 hours, from the batches' best and worst sequence scores.
 SCORE_RANGE = "(max_over_time(verl_critic_score_max[6h]) - min_over_time(verl_critic_score_min[6h]))"
-# Converged near its best: the last hour's mean within a tenth of that range of the best step of 6 hours.
-NEAR_BEST = ("avg_over_time(verl_critic_score_mean[1h]) >= max_over_time(verl_critic_score_mean[6h])"
-             f" - ${{critic/score/mean:near_best_share}} * {SCORE_RANGE}")
-# The score sits in the lower half of its range of 6 hours.
-SCORE_LOW = ("verl_critic_score_mean < (max_over_time(verl_critic_score_max[6h])"
-             " + min_over_time(verl_critic_score_min[6h])) / 2")
+# The middle of that range: below it the score is in the lower half of what the batches scored.
+SCORE_MIDDLE = f"(min_over_time(verl_critic_score_min[6h]) + ${{critic/score/mean:low_share}} * {SCORE_RANGE})"
+SCORE_LOW = f"verl_critic_score_mean < {SCORE_MIDDLE}"
+# Converged near its best: the last hour's mean within a tenth of that range of the best step of 6
+# hours, and in the upper half of the range (a run that never learned is also "at its best").
+NEAR_BEST = ("(avg_over_time(verl_critic_score_mean[1h]) >= max_over_time(verl_critic_score_mean[6h])"
+             f" - ${{critic/score/mean:near_best_share}} * {SCORE_RANGE}"
+             f" and avg_over_time(verl_critic_score_mean[1h]) >= {SCORE_MIDDLE})")
 # Some value of the hour was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of 0.000
 # every step says nothing about how small it really was.
 RESOLVED_KL = f"(max_over_time(verl_actor_ppo_kl[{HELD}]) > 0 or min_over_time(verl_actor_ppo_kl[{HELD}]) < 0)"
@@ -150,7 +152,7 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
         "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
         "has converged near its best score (the last hour within a tenth of the score's range of its best "
-        "step of 6 hours) is flat by design and is left out.",
+        "step of 6 hours, and in the upper half of that range) is flat by design and is left out.",
         "Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
         "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
         "1.5",
@@ -289,7 +291,8 @@ REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages
         "VerlNoLearningSignal", "warning",
         "max_over_time(verl_critic_advantages_max[30m]) < ${critic/advantages/max:no_signal}"
         " and min_over_time(verl_critic_advantages_min[30m]) > -${critic/advantages/min:no_signal}"
-        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= 2", "10m",
+        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= ${{critic/advantages/max:no_signal_steps}}",
+        "10m",
         "Every advantage is 0: the run has no learning signal.",
         f"Run {RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes (at most {NUMBER}): "
         "no sample is better or worse than its group, so the policy gets no gradient.",
@@ -311,7 +314,8 @@ REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages
         "${critic/score/mean:min_gain}).",
         "`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
         "training. A flat score far from the run's best means it stopped learning; one within a tenth of "
-        "the score's range of its best step of 6 hours has converged, and is left out.",
+        "the score's range of its best step of 6 hours, in the upper half of that range, has converged, and is "
+        "left out.",
         "If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
         "3.1",

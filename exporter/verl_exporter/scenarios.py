@@ -21,11 +21,12 @@ SCENARIOS: dict[str, str] = {
     "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
     "stall": "healthy, then the job hangs: no step is written after stall_after steps",
     "nan": "healthy, then actor/pg_loss and actor/grad_norm are NaN (critic/vf_loss inf) from nan_after",
-    "grad-spike": "healthy, but at steps 100-101 grad_norm x8, ppo_kl x10, vf_loss x20 and pg_loss +0.05",
+    "grad-spike": "healthy, but at steps 100-111 grad_norm x8, ppo_kl x10, vf_loss x20 and pg_loss +0.4: a spike "
+                  "that does not recover (one-step spikes that recover raise nothing)",
     "rollout-mismatch": "healthy with mismatch metrics logged; from step 60 rollout and trainer drift apart "
                         "(probs diff 0.003 -> 0.03, pearson 0.999 -> 0.85, rollout KL 0.002 -> 0.15)",
 }
-SPIKE_STEPS = (100, 101)  # the grad-spike scenario's two abnormal steps
+SPIKE_STEPS = range(100, 112)  # the grad-spike scenario's abnormal steps: a spike that does not recover
 MISMATCH_FROM = 60  # the rollout-mismatch scenario's engines drift apart over the 10 steps from here
 ALGORITHMS = ("ppo", "grpo")
 # Scenarios that are one algorithm whatever the caller asks.
@@ -75,7 +76,7 @@ def _targets(scenario: str, t: int) -> dict[str, float]:
     elif scenario == "entropy-collapse":
         early = math.exp(-(t - 1) / 2.7)  # 1 at the first step
         v.update(entropy=0.03 + 0.57 * early, ppo_kl=0.0001 + 0.004 * early, pg_clipfrac=0.01 + 0.14 * early,
-                 score=0.15 + 0.15 * (1 - early))
+                 score=0.15 + 0.02 * (1 - early))  # the guide's signature: the score stops rising
     elif scenario == "truncation":
         v.update(response_mean=253.8, response_clip=0.85, max_response=256.0)
     elif scenario == "healthy-grpo":  # one update per rollout: the ratio is 1, nothing is clipped
@@ -237,7 +238,7 @@ def step_values(scenario: str, step: int, *, seed: int = 0, algorithm: str = "pp
     if scenario == "grad-spike" and step in SPIKE_STEPS:
         m["actor/grad_norm"] *= 8
         m["actor/ppo_kl"] *= 10
-        m["actor/pg_loss"] += 0.05
+        m["actor/pg_loss"] += 0.4
         if ppo:
             m["critic/vf_loss"] *= 20
     if scenario == "rollout-mismatch":

@@ -34,10 +34,13 @@ EXPECTED: dict[tuple[str, str, str], set[str]] = {
                                           "VerlCriticNotLearning", "VerlCriticValueOffTarget",
                                           "VerlCriticWorseThanConstant"},
     # Without the run's settings (a JSONL file alone) the frozen and conservative checks stay silent.
-    ("entropy-collapse", "ppo", "jsonl"): {"VerlEntropyCollapsing", "VerlPrematureConvergence"},
+    ("entropy-collapse", "ppo", "jsonl"): {"VerlEntropyCollapsing", "VerlPrematureConvergence",
+                                           "VerlScoreNotImproving"},
+    # pg_clipfrac 0.01 is no "conservative" update: healthy real runs clip 0.001-0.005.
     ("entropy-collapse", "ppo", "console"): {"VerlEntropyCollapsing", "VerlPolicyFrozen",
-                                             "VerlPolicyUpdateConservative", "VerlPrematureConvergence"},
-    ("entropy-collapse", "grpo", "jsonl"): {"VerlEntropyCollapsing", "VerlPrematureConvergence"},
+                                             "VerlPrematureConvergence", "VerlScoreNotImproving"},
+    ("entropy-collapse", "grpo", "jsonl"): {"VerlEntropyCollapsing", "VerlPrematureConvergence",
+                                            "VerlScoreNotImproving"},
     ("truncation", "ppo", "jsonl"): {"VerlResponsesOftenTruncated", "VerlResponsesTruncated"},
     ("stall", "ppo", "jsonl"): {"VerlTrainingStalled"},
     ("nan", "ppo", "console"): {"VerlTrainingNonFinite"},

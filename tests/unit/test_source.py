@@ -90,12 +90,13 @@ def test_flags_name_the_run(tmp_path):
 def test_console_log_with_finished_marker(tmp_path):
     shutil.copy(FIXTURES / "verl_console.log", tmp_path / "train.log")
     store = RecordingStore()
-    assert Source(str(tmp_path / "train.log"), store).poll() == 9
+    assert Source(str(tmp_path / "train.log"), store).poll() == 10
     assert store.errors == []
     config, total, *steps = store.records
     assert config.settings["actor_rollout_ref.actor.clip_ratio"] == 0.2 and total.total_steps == 105
-    assert [(r.step, r.finished) for r in steps] == [
-        (0, False), (1, False), (2, False), (3, False), (4, False), (5, False), (5, True)
+    assert [(r.step, r.finished, r.checkpoint_step) for r in steps] == [
+        (0, False, None), (1, False, None), (2, False, None), (3, False, None), (4, False, None),
+        (4, False, 5), (5, False, None), (5, True, None)
     ]
     assert store.records[-1].values == {}
     assert {r.source for r in store.records} == {str(tmp_path / "train.log")}
