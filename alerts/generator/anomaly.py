@@ -2,8 +2,9 @@
 
 Per run, recording rules keep each watched metric's z-score against the trailing window and its
 change relative to the trailing mean (``run:<metric>:zscore1h``, ``run:<metric>:change1h``): the
-window is the hour that ended ``GAP`` ago, so a spike or a shift is not yet part of the normal it
-is measured against; the standard deviation has a floor per metric (at least the 0.001 that verl
+window is the hour that ended ``GAP`` ago (``COLLAPSE_GAP`` for collapses, which last: they stay out
+of their own normal for an hour), so a spike or a shift is not yet part of the normal it is
+measured against; the standard deviation has a floor per metric (at least the 0.001 that verl
 before 0.5 prints), so a series that barely moves or is rounded does not turn noise into huge
 z-scores; and nothing is recorded until the window holds ``${anomaly:min_steps}`` steps, so the
 first steps (warm-up, fast early changes) never alert. "Trailing hour" in the descriptions is
@@ -21,7 +22,8 @@ from verl_exporter.catalog import default_catalog
 from .model import NUMBER, RUN, RUN_MATCH, Alert, Group, fill
 
 WINDOW = "1h"
-GAP = "15m"
+GAP = "15m"  # spikes: the trailing hour ends this long ago
+COLLAPSE_GAP = "1h"  # collapses: long enough that a collapse stays out of its own normal while it lasts
 RECENT = "10m"
 THRESHOLDS = {
     "spike_zscore": 6.0,   # a spike: this many trailing standard deviations above the trailing mean
@@ -30,14 +32,15 @@ THRESHOLDS = {
     "drop_change": 0.5,    # a collapse: down by more than this share of the trailing mean
     "min_steps": 20.0,     # steps the trailing window must hold before anything is recorded
 }
-# Floors of the trailing standard deviation, in the metric's unit (about its healthy noise).
+# Floors of the trailing standard deviation, in the metric's unit (about its healthy noise), and
+# how long ago the trailing hour ends.
 WATCHED = {
-    "verl_actor_grad_norm": 0.01,
-    "verl_actor_ppo_kl": 0.001,  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
-    "verl_actor_pg_loss": 0.05,  # healthy runs move it by up to 0.06 for hours while they learn
-    "verl_critic_vf_loss": 0.01,
-    "verl_critic_score_mean": 0.01,
-    "verl_critic_rewards_mean": 0.01,
+    "verl_actor_grad_norm": (0.01, GAP),
+    "verl_actor_ppo_kl": (0.001, GAP),  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
+    "verl_actor_pg_loss": (0.05, GAP),  # healthy runs move it by up to 0.06 for hours while they learn
+    "verl_critic_vf_loss": (0.01, GAP),
+    "verl_critic_score_mean": (0.01, COLLAPSE_GAP),
+    "verl_critic_rewards_mean": (0.01, COLLAPSE_GAP),
 }
 # Slow trends, measured over hours rather than steps (verl steps take 10 s to 20 minutes).
 THRESHOLDS |= {
@@ -72,11 +75,11 @@ def recording_rules() -> list[dict]:
     """``run:<metric>:zscore1h`` and ``run:<metric>:change1h`` (the change relative to the trailing
     mean) of every watched metric, per run. Alerts read only these, so that both come from the same
     evaluation."""
-    enough = (f" and {RUN_MATCH} changes(verl_training_last_step[{WINDOW}] offset {GAP})"
-              " >= ${anomaly:min_steps}")
     rules = []
-    for metric, floor in WATCHED.items():
-        trailing = f"{metric}[{WINDOW}] offset {GAP}"
+    for metric, (floor, gap) in WATCHED.items():
+        enough = (f" and {RUN_MATCH} changes(verl_training_last_step[{WINDOW}] offset {gap})"
+                  " >= ${anomaly:min_steps}")
+        trailing = f"{metric}[{WINDOW}] offset {gap}"
         recent = f"quantile_over_time(0.5, {metric}[{RECENT}])"
         rules += [
             {"record": change(metric),
@@ -131,7 +134,7 @@ def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning:
 
 ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal (anomalies)", (
     _spike("verl_actor_grad_norm", "actor/grad_norm", "VerlActorGradNormSpike", "The actor's gradient norm",
-           "`actor/grad_norm` over the last 10 minutes (their median, so at least two steps in a row) is more "
+           "`actor/grad_norm` over the last 10 minutes (their median: high for more than half of them) is more "
            "than ${anomaly:spike_zscore} standard deviations above its trailing mean (the hour that ended 15 "
            "minutes ago) and more than twice that mean. Healthy runs have one-step spikes (70 against a "
            "usual 1) that recover at the next step: those do not alert. A gradient norm that stays high "
@@ -166,7 +169,8 @@ ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal 
     _shift("verl_critic_score_mean", "critic/score/mean", "VerlScoreCollapsed", "drop",
            "The mean score collapsed below the run's own normal.",
            "The mean score (accuracy on math tasks) fell by more than half and far outside its recent spread, "
-           "for 10 minutes: a reward hacking phase ending, a policy collapse, or broken rollouts.",
+           "for 10 minutes, against the hour that ended an hour ago: a reward hacking phase ending, a policy "
+           "collapse, or broken rollouts.",
            "Compare with `actor/entropy`, `response_length/mean` and the mismatch metrics; roll back to the "
            "last good checkpoint and lower `actor_rollout_ref.actor.optim.lr` if the policy collapsed."),
     _shift("verl_critic_rewards_mean", "critic/rewards/mean", "VerlRewardCollapsed", "drop",
@@ -179,7 +183,8 @@ ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal 
         "VerlEntropyRising", "warning",
         f"{median('verl_actor_entropy', '1h')} > ${{anomaly:entropy_rise_ratio}} * {LOW_ENTROPY}"
         f" and {median('verl_actor_entropy', '1h')} - {LOW_ENTROPY} > ${{anomaly:entropy_rise_min}}"
-        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}]) >= ${{anomaly:min_baseline_steps}}", "15m",
+        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}] offset 1h) >= ${{anomaly:min_baseline_steps}}",
+        "15m",
         "Policy entropy rose well above the run's own normal.",
         f"Run {RUN}: actor/entropy over the last hour (median {NUMBER}) is more than "
         "${anomaly:entropy_rise_ratio} times its low of the last 6 hours.",
