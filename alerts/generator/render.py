@@ -16,6 +16,7 @@ import yaml
 from verl_exporter.catalog import Catalog, default_catalog
 
 from . import anomaly, mismatch, rollout, settings, system, training
+from .departures import DEPARTURES
 from .model import Alert, Group, fill, parse_duration, scale_duration, scale_expr
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,6 +157,9 @@ def runbook(catalog: Catalog | None = None) -> str:
         "`verl_run_config{key}` (the config verl prints, hydra's `config.yaml` or `--run.config`) through the",
         "`run:*:setting` recording rules of `verl-training.rules.yml`, with verl's default from the catalog's",
         "`settings` section for a run whose config is unknown.\n",
+        "Every rule was replayed over real training runs of other people (healthy and failing ones):",
+        "where a rule differs from the guide's number or diagnosis, its section says so under **Differs",
+        "from the guide**, with what was measured; `docs/precision.md` has the per-run figures.\n",
         "The groups of per-step alerts (actor, critic, rewards, lengths, diagnoses, mismatch,",
         "performance, rollout engines, and the run settings) evaluate every minute: their inputs change",
         "once per training step and they wait 5 minutes or more. Operations, GPUs, anomalies and the",
@@ -172,6 +176,8 @@ def runbook(catalog: Catalog | None = None) -> str:
                 f"{alert.summary}\n",
                 f"**Meaning.** {fill(alert.meaning, catalog, EXTRA_THRESHOLDS)}\n",
                 f"**Fix.** {alert.fix}\n",
+                *([f"**Differs from the guide.** {fill(DEPARTURES[alert.name], catalog, EXTRA_THRESHOLDS)}\n"]
+                  if alert.name in DEPARTURES else []),
                 "```promql",
                 layout(fill(full_expr(alert, group), catalog, EXTRA_THRESHOLDS)).rstrip("\n"),
                 "```\n",

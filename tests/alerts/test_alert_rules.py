@@ -245,3 +245,15 @@ def test_dashboard_thresholds_are_catalog_numbers():
     if checked == 0:
         pytest.skip("no generated dashboards in grafana/dashboards/ to compare")
     assert checked >= 5
+
+
+def test_departures_from_the_guide_name_shipped_alerts_and_reach_the_runbook():
+    from generator.departures import DEPARTURES
+
+    names = {alert.name for group in render.GROUPS for alert in group.alerts}
+    assert set(DEPARTURES) <= names, set(DEPARTURES) - names
+    runbook = (REPO / "alerts" / "RUNBOOK.md").read_text()
+    sections = runbook.split("\n### ")
+    for name in DEPARTURES:
+        section = next(text for text in sections if text.startswith(name + "\n"))
+        assert "**Differs from the guide.**" in section, name
