@@ -236,6 +236,56 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "1.7",
     ),
     Alert(
+        "VerlTrainingOutOfMemory", "critical",
+        _new_or_increased('verl_training_log_errors_total{kind="cuda_oom"}', "15m"), "0m",
+        "The run's log shows a CUDA out-of-memory error.",
+        f"Run {RUN}: its log shows {NUMBER} new CUDA (or HIP) out-of-memory errors in 15 minutes; the job "
+        "has crashed or is about to, often before its first step.",
+        "A worker printed `torch.OutOfMemoryError: CUDA out of memory` (HIP on AMD GPUs): the actor update, "
+        "the reference or critic forward, or the rollout engine asked for more GPU memory than was left. "
+        "verl's workers then die and the trainer exits or hangs; runs that never logged a step page here "
+        "first. The error line is in the exporter's evidence of the run.",
+        "Halve `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu` (or `ppo_max_token_len_per_gpu` with "
+        "`use_dynamic_bsz`), enable `actor_rollout_ref.model.enable_gradient_checkpointing`, lower "
+        "`actor_rollout_ref.rollout.gpu_memory_utilization` (the engine's share), or offload parameters "
+        "(`actor_rollout_ref.actor.fsdp_config.param_offload`).",
+        "11.2",
+    ),
+    Alert(
+        "VerlTrainingLogErrors", "warning",
+        "(" + _new_or_increased('verl_training_log_errors_total{kind!="cuda_oom"}', "15m") + ")"
+        f" and {RUN_MATCH} (verl_training_last_step offset 15m) {UNFINISHED}", "0m",
+        "The log of a running run shows errors (NCCL timeout, segfault, dead Ray actor, traceback).",
+        f"Run {RUN}: its log shows {NUMBER} new {{{{ $labels.kind }}}} errors in 15 minutes, while the run "
+        "is stepping.",
+        "A worker or the trainer of a run that has been stepping printed an error: `nccl_timeout` (a "
+        "collective timed out: a rank hangs or died), `segfault`, `ray_actor_died` (a worker is gone) or "
+        "`traceback` (an exception; Ray prints handled ones too, so a few can be harmless). Errors before "
+        "the first step are left out: Ray prints caught exceptions while it starts. The lines are in the "
+        "exporter's evidence of the run.",
+        "Read the error lines and the lines before them (`/debug/evidence` of the exporter, or the log); "
+        "for NCCL timeouts and dead actors check the other nodes' GPUs and `ray status`; for tracebacks "
+        "in a reward function fix the function.",
+    ),
+    Alert(
+        "VerlTrainingNoFirstStep", "critical",
+        "(timestamp(verl_training_started_timestamp_seconds) - verl_training_started_timestamp_seconds)"
+        " > ${system:no_first_step_seconds}"
+        f" unless {RUN_MATCH} verl_training_last_step_timestamp_seconds {UNFINISHED}"
+        f" and on(job, instance) verl_job_running == 1", "5m",
+        "The job runs, but its run has logged no step an hour after it started.",
+        f"Run {RUN}: the run started {DURATION} ago (its config print) and has logged no step, while the "
+        "training job's processes are alive: it hangs before its first step.",
+        "verl printed the run's config (or its first line) more than an hour ago and no training step "
+        "since, while the job's processes (`--job.pid`/`--job.match`) are alive. The first step includes "
+        "loading the model and starting the rollout engine, which take minutes, not an hour: the job "
+        "hangs (a worker stuck in NCCL initialisation, a rollout engine that never came up, a compile "
+        "that never ends). The stall rule needs a step to measure, so this is its rule for the first one.",
+        "Take a `py-spy dump` of the trainer and the workers (the exporter's evidence has one where it "
+        "may ptrace), read the end of the log for the phase it hangs in, check `ray status`; restart.",
+        "8.1",
+    ),
+    Alert(
         "VerlExporterDown", "critical",
         f'up{{job="{EXPORTER_JOB}"}} == 0', "5m",
         "Prometheus cannot scrape a verl exporter.",

@@ -36,7 +36,9 @@ class Record:
     to dotted keys) or its ``total_steps`` (verl's ``Total training steps: N``) tells the store
     about the run, not about a step: its ``step`` and ``values`` are not used. So does one with a
     ``checkpoint_step``: verl started saving the checkpoint of that step (its
-    ``local_global_step_folder: .../global_step_N`` line); the run's next step ends the save.
+    ``local_global_step_folder: .../global_step_N`` line); the run's next step ends the save. And so
+    does one with an ``error``: a line of the log reports an error of that kind (``sources.errors``),
+    ``line`` is its text.
     """
 
     run: RunKey
@@ -48,6 +50,13 @@ class Record:
     settings: dict[str, float | int | str | bool | None] | None = None
     total_steps: int | None = None
     checkpoint_step: int | None = None
+    error: str | None = None
+    line: str = ""
+
+
+def is_event(record: Record) -> bool:
+    """A checkpoint save's start or an error the log shows: something that happened, not a step."""
+    return record.checkpoint_step is not None or record.error is not None
 
 
 class ParseError(ValueError):

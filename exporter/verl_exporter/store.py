@@ -32,6 +32,7 @@ from .catalog import Catalog, Resolved
 from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey
 
 log = logging.getLogger(__name__)
+ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 
@@ -93,6 +94,9 @@ class RunState:
     active_at: float | None = None  # when the latest record of the run was written
     version: int = 0  # changes whenever the run does
     checkpoint: CheckpointState | None = None  # once the run started saving a checkpoint
+    started_at: float | None = None  # when the run's first line was written (config print or first step)
+    log_errors: Counter = field(default_factory=Counter)  # errors its log showed, by kind
+    error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
 
     def copy(self) -> "RunState":
         return RunState(
@@ -115,6 +119,9 @@ class RunState:
             active_at=self.active_at,
             version=self.version,
             checkpoint=dataclasses.replace(self.checkpoint) if self.checkpoint else None,
+            started_at=self.started_at,
+            log_errors=Counter(self.log_errors),
+            error_lines=list(self.error_lines),
         )
 
     def finish(self, step: int) -> None:
@@ -187,6 +194,8 @@ class RunStore:
                     return
             self._version += 1
             state.version = self._version
+            if state.started_at is None or record.time < state.started_at:
+                state.started_at = record.time
             if record.settings is not None or record.total_steps is not None:
                 self._describe(state, record)
                 return
@@ -196,6 +205,10 @@ class RunStore:
                 state.active_at = record.time  # the run's settings (a config file written at its start) do not count
             if record.checkpoint_step is not None:
                 self._checkpoint_started(state, record)
+                return
+            if record.error is not None:
+                state.log_errors[record.error] += 1
+                state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
                 return
             if state.checkpoint is not None and state.checkpoint.saving and (
                     record.finished or record.step >= state.checkpoint.step):

@@ -86,7 +86,7 @@ def test_replay_times_a_save_by_verl_s_duration_before_the_saved_step(tmp_path):
                    "step:3 - timing_s/step:2500 - timing_s/save_checkpoint:2300\nstep:4 - timing_s/step:100\n")
     os.utime(log, (100000.0, 100000.0))
     entries = read_file(str(log)).steps
-    assert [(entry.step, entry.checkpoint) for entry in entries] == [(1, False), (2, False), (2, True), (3, False),
+    assert [(entry.step, entry.event) for entry in entries] == [(1, False), (2, False), (2, True), (3, False),
                                                                      (4, False)]
     times = [entry.time for entry in entries]
     assert times[4] == 100000.0 and times[3] == 99900.0 and times[1] == 97400.0, "the save is no step of its own"

@@ -23,6 +23,13 @@ and per run::
     verl_training_series_dropped_total{project,experiment}         keys dropped by the per-run series cap
     verl_training_run_info{project,experiment,source} 1
 
+and, from the errors the run's log shows and its first line::
+
+    verl_training_log_errors_total{project,experiment,kind}    kind: cuda_oom, nccl_timeout, segfault,
+                                                               ray_actor_died, traceback
+    verl_training_started_timestamp_seconds{project,experiment} when its first line (config print or
+                                                               first step) was written
+
 and, once a run has started saving a checkpoint (verl's ``local_global_step_folder:`` line)::
 
     verl_checkpoint_saving{project,experiment}                           1 while a save runs, else 0
@@ -50,7 +57,7 @@ from ..store import RunStore
 
 RUN_LABELS = ["project", "experiment"]
 # Per-run families served only where some run has a sample (no empty HELP and TYPE for them).
-OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info", "checkpoint_saving",
+OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info", "log_errors", "checkpoint_saving",
                      "checkpoint_started", "checkpoint_step", "checkpoint_seconds")
 
 
@@ -122,6 +129,10 @@ class TrainingCollector:
             families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels], 1.0)
         for key, count in sorted(state.nonfinite.items()):
             families["nonfinite"].add_metric(run + [key], count)
+        for kind, count in sorted(state.log_errors.items()):
+            families["log_errors"].add_metric(run + [kind], count)
+        if state.started_at is not None:
+            families["started_time"].add_metric(run, state.started_at)
         checkpoint = state.checkpoint
         if checkpoint is not None:
             families["checkpoint_saving"].add_metric(run, 1.0 if checkpoint.saving else 0.0)
@@ -190,6 +201,14 @@ class TrainingCollector:
             "info": GaugeMetricFamily(
                 "verl_training_run_info", "A followed run and the file it is read from.",
                 labels=RUN_LABELS + ["source"]),
+            "started_time": GaugeMetricFamily(
+                "verl_training_started_timestamp_seconds",
+                "Unix time at which the run's first line (its config print or first step) was written.",
+                labels=RUN_LABELS),
+            "log_errors": CounterMetricFamily(
+                "verl_training_log_errors",
+                "Errors the run's log shows, in the lines of any of its actors (kind: cuda_oom, nccl_timeout, "
+                "segfault, ray_actor_died, traceback).", labels=RUN_LABELS + ["kind"]),
             "checkpoint_saving": GaugeMetricFamily(
                 "verl_checkpoint_saving", "1 while the run saves a checkpoint (from verl's local_global_step_folder "
                 "line to the next step), else 0.", labels=RUN_LABELS),

@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import RunKey
+from verl_exporter.records import RunKey, is_event
 from verl_exporter.sources import FORMATS
 from verl_exporter.store import RunStore
 
@@ -95,7 +95,7 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
                 store.parse_error(paths[index], reason)
             for record in step.records:
                 store.ingest(record)
-                if not record.finished and record.checkpoint_step is None:
+                if not record.finished and not is_event(record):
                     clock = history.steps.setdefault(record.run, [])
                     if not clock or clock[-1][1] != record.step:
                         clock.append((moment, record.step))

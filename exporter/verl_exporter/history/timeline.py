@@ -12,9 +12,11 @@ ingested. Neither of verl's formats carries a time, so each step's time is recon
   going backwards from the nearest step whose time is known. A step that logged no duration
   takes the median of the others (60 s when none did).
 
-A checkpoint save (verl's ``local_global_step_folder:`` line, before the metrics of the step it
-saves) is an entry of its own, timed when the save started: its line's timestamp, else the saved
-step's time less ``timing_s/save_checkpoint``, else just after the step before.
+Events are entries of their own: a checkpoint save (verl's ``local_global_step_folder:`` line,
+before the metrics of the step it saves) is timed when the save started: its line's timestamp,
+else the saved step's time less ``timing_s/save_checkpoint``, else just after the step before; an
+error the log shows, at its line's timestamp, else just after the step before (at the next step
+where none came before).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from verl_exporter.records import CHECKPOINT_SAVE_KEYS, ParseError, Record
+from verl_exporter.records import CHECKPOINT_SAVE_KEYS, ParseError, Record, is_event
 from verl_exporter.sources import Source, format_for
 
 DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
@@ -46,7 +48,7 @@ class Step:
     errors: list[str] = field(default_factory=list)
     logged_at: float | None = None  # the step line's own timestamp
     time: float = 0.0
-    checkpoint: bool = False  # a checkpoint save's start, not a step
+    event: bool = False  # a checkpoint save's start or a logged error, not a step
 
     def duration(self) -> float | None:
         """How long verl says the step took, if it logged that."""
@@ -137,11 +139,11 @@ def read_file(path: str, *, fmt: str = "auto", project: str | None = None,
                 continue
             if record is None:
                 continue
-            if record.checkpoint_step is not None:
-                steps.append(Step(record.step, [record], pending_errors, logged_at=stamp, checkpoint=True))
+            if is_event(record):
+                steps.append(Step(record.step, [record], pending_errors, logged_at=stamp, event=True))
                 pending_errors = []
                 continue
-            if not steps or steps[-1].step != record.step or steps[-1].checkpoint:
+            if not steps or steps[-1].step != record.step or steps[-1].event:
                 steps.append(Step(record.step, logged_at=stamp if not record.finished else None))
             current = steps[-1]
             if current.logged_at is None and stamp is not None and not record.finished:
@@ -153,13 +155,13 @@ def read_file(path: str, *, fmt: str = "auto", project: str | None = None,
         steps[-1].errors += pending_errors
     mtime = os.stat(path).st_mtime
     _assign_times(steps, mtime, default_step_seconds)
-    return FileTimeline(path, steps, sum(step.logged_at is not None and not step.checkpoint for step in steps), mtime)
+    return FileTimeline(path, steps, sum(step.logged_at is not None and not step.event for step in steps), mtime)
 
 
 def _assign_times(entries: list[Step], mtime: float, default_step_seconds: float) -> None:
     """Each step's time: its own timestamp, else the next step's time minus the next step's duration;
-    then each checkpoint save's."""
-    steps = [entry for entry in entries if not entry.checkpoint]
+    then each event's."""
+    steps = [entry for entry in entries if not entry.event]
     durations = [step.duration() for step in steps]
     known = [seconds for seconds in durations if seconds is not None]
     fallback = statistics.median(known) if known else default_step_seconds
@@ -174,25 +176,26 @@ def _assign_times(entries: list[Step], mtime: float, default_step_seconds: float
             after = durations[index + 1]
             step.time = following - (after if after is not None else fallback)
         following = step.time
-    _time_checkpoints(entries)
+    _time_events(entries)
     for record_step in entries:
         record_step.time = round(record_step.time, 3)  # milliseconds, as Prometheus stores them
         for record in record_step.records:
             record.time = record_step.time
 
 
-def _time_checkpoints(entries: list[Step]) -> None:
-    """A save started at its line's timestamp, else the saved step's time less how long verl says the
-    save took, never before the step before it; else just after the step before (or at the saved step)."""
+def _time_events(entries: list[Step]) -> None:
+    """An event at its line's timestamp; a save else at the saved step's time less how long verl says
+    the save took, never before the step before it; else just after the step before (or at the next)."""
     for index, entry in enumerate(entries):
-        if not entry.checkpoint:
+        if not entry.event:
             continue
-        before = next((e.time for e in reversed(entries[:index]) if not e.checkpoint), None)
-        after = next((e for e in entries[index + 1:] if not e.checkpoint), None)
+        before = next((e.time for e in reversed(entries[:index]) if not e.event), None)
+        after = next((e for e in entries[index + 1:] if not e.event), None)
         if entry.logged_at is not None:
             entry.time = entry.logged_at
             continue
-        seconds = _save_seconds(after) if after is not None else None
+        saving = entry.records[0].checkpoint_step is not None
+        seconds = _save_seconds(after) if after is not None and saving else None
         if after is not None and seconds is not None:
             entry.time = after.time - seconds if before is None else max(before + 0.001, after.time - seconds)
         elif before is not None:

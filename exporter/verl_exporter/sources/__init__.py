@@ -18,7 +18,9 @@ from typing import Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
+from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
 from verl_exporter.sources.console import (
+    _ANSI,
     is_finished_line,
     parse_console_continuation,
     parse_console_line,
@@ -84,6 +86,7 @@ class _FileState:
     last_step: int | None = None
     after_step: bool = False  # the previous console line was a step line (or its continuation)
     config_print: ConfigPrint | None = None  # verl's config print, being read
+    named: bool = False  # the run's config print was read: the run has its name
     config_lines: list[str] = field(default_factory=list)  # a config file's lines (fmt "config")
     config_chars: int = 0
 
@@ -263,6 +266,13 @@ class Source:
         if is_finished_line(line):
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
+        kind = error_kind(line)
+        # Before the run is known (its config print or first step) an error would name a run of its own,
+        # and is Ray's start-up noise (caught exceptions) more often than the run's.
+        known = state.named or state.last_step is not None or (self.project and self.experiment)
+        if kind is not None and known:
+            return Record(state.run, state.last_step or 0, {}, now, source=state.path, error=kind,
+                          line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
 
     def _config_print(self, state: _FileState, line: str, now: float) -> Record | None | bool:
@@ -291,6 +301,7 @@ class Source:
         names = run_names(flat)
         if names is not None and state.last_step is None:  # a config printed later: the same run
             state.run = RunKey(self.project or names[0], self.experiment or names[1])
+        state.named = True
         return Record(state.run, state.last_step or 0, {}, now, source=state.path, settings=flat)
 
     def _add_config_line(self, state: _FileState, line: str) -> None:
