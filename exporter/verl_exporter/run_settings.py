@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 
 from .catalog import Catalog
+from .records import MAX_STEP, clean_text
+
+MAX_LABEL_CHARS = 1024  # of a setting served as a label (a model path)
 
 TOTAL_STEPS_KEY = "trainer.total_training_steps"
 
@@ -17,12 +20,10 @@ TOTAL_STEPS_KEY = "trainer.total_training_steps"
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):  # YAML 1.1 reads 1e-06 as a string
+    if isinstance(value, (int, float, str)):  # YAML 1.1 reads 1e-06 as a string
         try:
             number = float(value)
-        except ValueError:
+        except (ValueError, OverflowError):  # text, or an integer of hundreds of digits
             return None
         return number if math.isfinite(number) else None
     return None
@@ -37,7 +38,7 @@ def pick(catalog: Catalog, flat: dict) -> tuple[dict[str, float], dict[str, str]
         if value is None:
             continue
         if spec.label:
-            text = str(value).rstrip("/")
+            text = clean_text(str(value)[:MAX_LABEL_CHARS]).rstrip("/")
             labels[spec.label] = text.rpartition("/")[2] if spec.last_part else text
         else:
             number = _number(value)
@@ -54,4 +55,4 @@ def info_labels(catalog: Catalog) -> list[str]:
 def total_steps(numbers: dict[str, float]) -> int | None:
     """The config's ``trainer.total_training_steps`` when the user set it (verl's default is null)."""
     value = numbers.get(TOTAL_STEPS_KEY)
-    return int(value) if value is not None and value >= 1 else None
+    return int(value) if value is not None and 1 <= value <= MAX_STEP else None

@@ -48,6 +48,7 @@ run cap), ``verl_training_run_cap_reached`` (1 while it refuses) and
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -55,10 +56,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import run_settings
 from ..store import RunStore
 
+log = logging.getLogger(__name__)
 RUN_LABELS = ["project", "experiment"]
+_WARNED_RUNS: set = set()  # runs whose families could not be built, warned about once (bounded)
 # Per-run families served only where some run has a sample (no empty HELP and TYPE for them).
 OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info", "log_errors", "checkpoint_saving",
                      "checkpoint_started", "checkpoint_step", "checkpoint_seconds")
+
+
+def unrenderable(run, exc: Exception) -> None:
+    """Log, once per run, that the run's families could not be built; it is left out of the scrape."""
+    if run not in _WARNED_RUNS and len(_WARNED_RUNS) < 1000:
+        _WARNED_RUNS.add(run)
+        log.warning("run %r left out of /metrics: its values cannot be served (%s: %s)", run, type(exc).__name__,
+                    str(exc)[:200])
 
 
 class TrainingCollector:
@@ -92,7 +103,12 @@ class TrainingCollector:
         families = self._families()
         logged: dict[str, GaugeMetricFamily] = {}
         for state in sorted(snapshot.runs, key=lambda s: s.run):
-            for key, family in self.run_families(state).items():
+            try:
+                run = self.run_families(state)
+            except Exception as exc:  # what one run logged never fails the others' families
+                unrenderable(state.run, exc)
+                continue
+            for key, family in run.items():
                 if key.startswith("verl_"):
                     if logged.setdefault(key, family) is not family:
                         logged[key].samples += family.samples

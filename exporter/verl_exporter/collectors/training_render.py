@@ -22,7 +22,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from .training import OPTIONAL_FAMILIES
+from .training import OPTIONAL_FAMILIES, unrenderable
 
 PRERENDER = contextvars.ContextVar("verl_exporter_prerender", default=False)
 _HEADER_LINES = 2  # "# HELP" and "# TYPE"
@@ -108,7 +108,11 @@ class RunRenderCache:
         else:
             changed = bool(snapshot.runs) or snapshot.versions.keys() != self._versions.keys()
         for state in snapshot.runs:
-            self._runs[state.run] = self._render_run(state)
+            try:
+                self._runs[state.run] = self._render_run(state)
+            except Exception as exc:  # what one run logged never fails the others' rendering
+                self._runs.pop(state.run, None)
+                unrenderable(state.run, exc)
         for gone in (self._versions.keys() - snapshot.versions.keys()) if changed else ():
             del self._runs[gone]
         self._versions = snapshot.versions

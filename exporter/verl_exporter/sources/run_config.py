@@ -23,12 +23,13 @@ import re
 
 import yaml
 
-from verl_exporter.records import ParseError
+from verl_exporter.records import MAX_STEP, ParseError, clean_text
 from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
 
 MAX_CONFIG_LINES = 10_000
 MAX_CONFIG_CHARS = 2 << 20
 MAX_LEAVES = 20_000
+MAX_NAME_CHARS = 1024  # of a project or experiment name
 MAX_SKIPPED_LINES = 100  # lines of the printing actor in a row that are no part of its print
 MAX_DEPTH = 100  # brackets open at once (Python reads no literal nested 200 deep)
 Scalar = float | int | str | bool | None
@@ -49,11 +50,16 @@ _AFTER_PRINT = ("step:", "Total training steps:")  # verl's own lines after the 
 
 
 def parse_total_steps(line: str) -> int | None:
-    """N of verl's ``Total training steps: N`` line; None for any other line."""
+    """N of verl's ``Total training steps: N`` line; None for any other line; ParseError beyond 2^53."""
     if "Total training steps:" not in line:
         return None
     match = _TOTAL_STEPS.search(_content(line).rstrip())
-    return int(match.group(1)) if match else None
+    if not match:
+        return None
+    digits = match.group(1)
+    if len(digits) > 16 or int(digits) > MAX_STEP:
+        raise ParseError(f"Total training steps of {len(digits)} digits, beyond 2^53")
+    return int(digits)
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -306,7 +312,7 @@ def run_names(flat: dict[str, Scalar]) -> tuple[str, str] | None:
     """(trainer.project_name, trainer.experiment_name) of a flattened config, if both are set."""
     names = [flat.get(key) for key in _NAMES]
     if all(isinstance(name, (str, int)) and not isinstance(name, bool) and str(name) for name in names):
-        return str(names[0]), str(names[1])
+        return clean_text(str(names[0])[:MAX_NAME_CHARS]), clean_text(str(names[1])[:MAX_NAME_CHARS])
     return None
 
 
