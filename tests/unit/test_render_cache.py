@@ -55,12 +55,14 @@ def test_the_cached_text_equals_client_pythons_through_changes():
     assert b'experiment="e0"' not in text and b'reason="finished"} 1.0' in text
 
 
-def test_a_name_no_utf8_encodes_fails_the_collector_not_the_scrape():
+def test_a_name_no_utf8_encodes_leaves_out_its_run_not_the_others():
     store, registry = setup()
     store.ingest(Record(RunKey("p", "bad\udcff"), 1, {"actor/pg_loss": 0.1}, 1.0))
+    store.ingest(Record(RunKey("p", "good"), 1, {"actor/pg_loss": 0.2}, 1.0))
     text = render_text(registry)
     assert text == generate_latest(registry)
-    assert b'verl_exporter_collector_success{collector="training"} 0.0' in text
+    assert b'verl_exporter_collector_success{collector="training"} 1.0' in text
+    assert b'verl_actor_pg_loss{experiment="good",project="p"} 0.2' in text and b"bad" not in text
 
 
 def test_concurrent_scrapes_share_renderings():

@@ -54,6 +54,7 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .. import run_settings
+from . import check_renderable
 from ..store import RunStore
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class TrainingCollector:
         for state in sorted(snapshot.runs, key=lambda s: s.run):
             try:
                 run = self.run_families(state)
+                check_renderable(list(run.values()))
             except Exception as exc:  # what one run logged never fails the others' families
                 unrenderable(state.run, exc)
                 continue
