@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import deque
 
 import yaml
 
@@ -27,7 +28,8 @@ from verl_exporter.records import MAX_STEP, ParseError, clean_text
 from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
 
 MAX_CONFIG_LINES = 10_000
-MAX_CONFIG_CHARS = 2 << 20
+MAX_CONFIG_CHARS = 256 << 10  # 3 times the largest config print of the real runs (84 kB, verl 0.4 GPG)
+MAX_CONFIG_NODES = 50_000  # mappings and leaves a config may hold (flatten stops there)
 MAX_LEAVES = 20_000
 MAX_NAME_CHARS = 1024  # of a project or experiment name
 MAX_SKIPPED_LINES = 100  # lines of the printing actor in a row that are no part of its print
@@ -263,6 +265,20 @@ def read_literal(text: str) -> dict:
     return value
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML's safe loader without anchors and aliases: hydra never writes them, and they are what
+    builds a self-referencing mapping or an exponential "billion laughs" from a few bytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasRefused()
+        return super().compose_node(parent, index)
+
+
+class _AliasRefused(yaml.YAMLError):
+    pass
+
+
 def read_config_text(text: str) -> dict:
     """A config file's dict: hydra's YAML, or a saved config print (a Python dict literal)."""
     if len(text) > MAX_CONFIG_CHARS:
@@ -270,7 +286,9 @@ def read_config_text(text: str) -> dict:
     if text.lstrip().startswith("{'"):
         return read_literal(text)
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_NoAliases)  # noqa: S506 (a SafeLoader that refuses aliases)
+    except _AliasRefused:
+        raise ParseError("config file uses YAML aliases (*name), which are not read") from None
     except yaml.YAMLError as exc:
         raise ParseError(f"config file is not valid YAML ({type(exc).__name__})") from None
     except RecursionError:
@@ -282,15 +300,17 @@ def read_config_text(text: str) -> dict:
 
 def flatten(config: dict) -> dict[str, Scalar]:
     """``{"a.b.c": value}`` for every scalar of a nested config (lists left out), at most
-    ``MAX_LEAVES``; hydra's ``${a.b}`` references to other settings resolved."""
+    ``MAX_LEAVES`` (and ``MAX_CONFIG_NODES`` mappings and values visited); hydra's ``${a.b}`` references to other settings resolved."""
     flat: dict[str, Scalar] = {}
-    stack: list[tuple[str, dict]] = [("", config)]
-    while stack and len(flat) < MAX_LEAVES:
-        prefix, node = stack.pop()
+    queue: deque[tuple[str, dict]] = deque([("", config)])  # shallow settings first
+    nodes = 0
+    while queue and len(flat) < MAX_LEAVES and nodes < MAX_CONFIG_NODES:
+        prefix, node = queue.popleft()
+        nodes += 1 + len(node)
         for key, value in node.items():
             name = f"{prefix}{key}"
             if isinstance(value, dict):
-                stack.append((name + ".", value))
+                queue.append((name + ".", value))
             elif value is None or isinstance(value, (bool, int, float, str)):
                 flat[name] = value
     for name, value in list(flat.items()):
