@@ -5,6 +5,7 @@ standing in for Slack and PagerDuty (alerts/generator/local.py)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import urllib.parse
 from pathlib import Path
@@ -47,3 +48,52 @@ class AlertingStack:
         for server in (self.prometheus, self.alertmanager, self.exporter):
             server.stop()
         self.receiver.__exit__()
+
+
+class ChatReceiver(local.Receiver):
+    """The stand-in receiver, also answering like the chat APIs that Alertmanager calls itself, so its
+    WeCom and Telegram notifiers complete: WeCom's ``GET .../gettoken`` gets an access token and
+    ``POST .../message/send`` errcode 0; Telegram's ``POST .../bot<token>/sendMessage`` gets the sent
+    message. GETs are recorded too (payload: the query's parameters); everything else is as before."""
+
+    ACCESS_TOKEN = "dummy-access-token"
+
+    def __init__(self, port: int = 0):
+        super().__init__(port)
+        receiver = self
+
+        class Handler(self.server.RequestHandlerClass):
+            def _reply(self, reply: dict) -> None:
+                body = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                url = urllib.parse.urlsplit(self.path)
+                receiver._record(self.path, dict(urllib.parse.parse_qsl(url.query)))
+                if url.path.endswith("/gettoken"):
+                    self._reply({"errcode": 0, "errmsg": "ok", "access_token": receiver.ACCESS_TOKEN,
+                                 "expires_in": 7200})
+                else:
+                    self._reply({})
+
+            def do_POST(self) -> None:  # noqa: N802
+                path = urllib.parse.urlsplit(self.path).path
+                if not (path.endswith("/message/send") or re.search(r"/bot[^/]+/sendMessage$", path)):
+                    super().do_POST()
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                payload = json.loads(body or b"{}")
+                receiver._record(self.path, payload)
+                if path.endswith("/message/send"):
+                    self._reply({"errcode": 0, "errmsg": "ok"})
+                else:
+                    chat = payload.get("chat_id", "0")
+                    self._reply({"ok": True, "result": {
+                        "message_id": len(receiver.received()), "date": 0, "text": payload.get("text", ""),
+                        "chat": {"id": int(chat) if str(chat).lstrip("-").isdigit() else 0, "type": "group"}}})
+
+        self.server.RequestHandlerClass = Handler
