@@ -154,12 +154,15 @@ class Exporter:
         self.sources = {self.source_key(pattern, settings): self._source(pattern, settings) for pattern in patterns}
         self.ingestor = Ingestor(list(self.sources.values()), interval=settings.source_poll_interval)
         self.gpu_backend = None
+        self.job = None
         self.registry = CollectorRegistry()
-        self.registry.register(CollectorRunner(self._collectors()))
+        collectors = self._collectors()
+        self.registry.register(CollectorRunner(collectors))
         self.registry.register(ExporterCollector())
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+        self.forensics = self._forensics(collectors["node"]) if settings.forensics else None
         self.server = None
 
     @staticmethod
@@ -181,7 +184,7 @@ class Exporter:
         if settings.job_pid is not None or settings.job_match:
             from .job import JobSelector
 
-            job = JobSelector(pid=settings.job_pid, match=settings.job_match)
+            job = self.job = JobSelector(pid=settings.job_pid, match=settings.job_match)
         if settings.collector_training:
             from .collectors.training import TrainingCollector
 
@@ -212,6 +215,23 @@ class Exporter:
 
             collectors["host"] = HostCollector(job=job)
         return collectors
+
+    def _forensics(self, node):
+        """Evidence on a stall, with the job, GPU backend and node runs the collectors use."""
+        from .forensics import Forensics
+
+        settings, gpu = self.settings, None
+        if self.gpu_backend is not None:
+            from .collectors.gpu import GpuCollector
+
+            gpu = GpuCollector(self.gpu_backend, job=self.job, timeout_seconds=settings.gpu_timeout)
+        try:
+            return Forensics(self.store, job=self.job, gpu=gpu, node_runs=node.runs, ready=self.ready,
+                             stall_after=settings.forensics_stall_after_seconds,
+                             interval=settings.forensics_check_interval_seconds,
+                             directory=settings.forensics_dir, retention=settings.forensics_retention)
+        except OSError as exc:
+            raise config.ConfigError(f"--forensics.dir {settings.forensics_dir}: {exc.strerror or exc}") from None
 
     def _start_simulation(self) -> str:
         from . import simulate
@@ -245,7 +265,8 @@ class Exporter:
         from .collectors.training_render import SharedRender
 
         self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
-                               ready=self.ready, web=self.web, render_text=SharedRender(self.registry))
+                               ready=self.ready, web=self.web, render_text=SharedRender(self.registry),
+                               evidence=self.forensics.evidence if self.forensics is not None else None)
         host, port = self.server.server_address[:2]
         log.info("listening on %s:%s%s (%s)", host, port, self.settings.web_telemetry_path, self.web.describe())
         if self.ingestor.sources:
@@ -253,6 +274,8 @@ class Exporter:
         self.ingestor.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
             self.gpu_backend.start()
+        if self.forensics is not None:
+            self.forensics.start()
 
     def reload(self) -> bool:
         """Read --config.file and --web.config.file again (SIGHUP). All or nothing: a file that does
@@ -267,5 +290,7 @@ class Exporter:
             self.server.shutdown()
             self.server.server_close()
         self.ingestor.stop()
+        if self.forensics is not None:
+            self.forensics.stop()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "stop"):
             self.gpu_backend.stop()

@@ -70,6 +70,13 @@ OPTIONS = [
     Option("store.max-runs", 1000, "cap on runs followed", int),
     Option("store.retention", "0", "drop a finished run this long after its last line was written (0: keep it)"),
     Option("store.idle-retention", "0", "drop a run with no new step for this long (0: keep it)"),
+    Option("forensics", True, "capture evidence (py-spy stacks, log tails, errors, GPUs) once per stall of a "
+           "run, served at /debug/evidence", switch=True),
+    Option("forensics.stall-after", "10m", "a run stalls after no step for this long, or for 5 times its median "
+           "step time where that is longer"),
+    Option("forensics.check-interval", "15s", "how often the runs are checked for a stall"),
+    Option("forensics.dir", None, "directory to write each capture to, one file each (default: memory only)"),
+    Option("forensics.retention", 50, "evidence files kept in --forensics.dir: the newest N", int),
     Option("simulate", None, "also write a simulated verl run with this scenario and follow it"),
     Option("simulate.format", "console", "format of the simulated run: jsonl or console"),
     Option("simulate.interval", 1.0, "seconds between simulated steps", float),
@@ -185,17 +192,25 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"--log.level must be debug, info, warn or error, not {settings.log_level!r}")
     if not settings.web_telemetry_path.startswith("/") or settings.web_telemetry_path.startswith("/-/"):
         raise ConfigError(f"--web.telemetry-path must start with / (and not /-/): {settings.web_telemetry_path!r}")
+    if settings.web_telemetry_path == "/debug/evidence":
+        raise ConfigError("--web.telemetry-path cannot be /debug/evidence: the evidence of stalled runs is "
+                          "served there")
     if settings.job_match:
         try:
             re.compile(settings.job_match)
         except re.error as exc:
             raise ConfigError(f"--job.match is not a valid regular expression: {exc}") from None
     for flag in ("source.poll-interval", "gpu.timeout", "store.max-series-per-run", "store.max-runs",
-                 "source.max-open-files", "node.max-runs"):
+                 "source.max-open-files", "node.max-runs", "forensics.retention"):
         if getattr(settings, attr(flag)) <= 0:
             raise ConfigError(f"--{flag} must be positive")
     for flag in ("store.retention", "store.idle-retention"):
         setattr(settings, attr(flag) + "_seconds", parse_duration(flag, getattr(settings, attr(flag))))
+    for flag in ("forensics.stall-after", "forensics.check-interval"):
+        seconds = parse_duration(flag, getattr(settings, attr(flag)))
+        if seconds <= 0:
+            raise ConfigError(f"--{flag} must be positive")
+        setattr(settings, attr(flag) + "_seconds", seconds)
 
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -1,4 +1,4 @@
-"""The HTTP server: /metrics (or the configured path), /-/healthy, /-/ready and a landing page."""
+"""The HTTP server: /metrics (or the configured path), /-/healthy, /-/ready, /debug/evidence and a landing page."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .web_config import WebConfig
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 10
+EVIDENCE_PATH = "/debug/evidence"
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -99,7 +100,8 @@ class ExporterHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str,
                  ready: Callable[[], bool], web: WebConfig | None = None,
-                 render_text: Callable[[bool], bytes] | None = None):
+                 render_text: Callable[[bool], bytes] | None = None,
+                 evidence: Callable[[str, str], str | None] | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         if address[0] == "":
             self.address_family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
@@ -108,6 +110,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.ready = ready
         self.render_text = render_text  # the whole text format (gzipped: True), shared by concurrent scrapes
         self.web = web or WebConfig()  # replaced whole on reload; each connection reads it once
+        self.evidence = evidence  # (project, experiment) -> the run's evidence text, None if none; None: off
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -165,6 +168,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(200, b"OK\n")
             else:
                 self._reply(503, b"not ready: still reading the sources' existing lines\n")
+        elif path == EVIDENCE_PATH:
+            self._evidence(query)
         elif path == "/":
             self._reply(200, _landing_page(self.server.telemetry_path), "text/html; charset=utf-8")
         else:
@@ -209,6 +214,24 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Encoding"] = "gzip"
         self._reply(200, body, content_type, headers)
 
+    def _evidence(self, query: str) -> None:
+        """The evidence captured on a run's stall (forensics), as plain text; behind the same auth."""
+        args = parse_qs(query, keep_blank_values=True)
+        project, experiment = (args.get(name, [""])[0] for name in ("project", "experiment"))
+        if not project or not experiment:
+            self._reply(400, b"want ?project=P&experiment=E: the run's trainer.project_name and "
+                             b"trainer.experiment_name, as in the metrics' labels\n")
+            return
+        if self.server.evidence is None:
+            self._reply(404, b"no evidence: forensics is off (--no-forensics)\n")
+            return
+        text = self.server.evidence(project, experiment)
+        if text is None:
+            self._reply(404, f"no evidence for project={project!r} experiment={experiment!r}: the exporter "
+                             "has not seen this run stall (or does not follow it)\n".encode("utf-8", "replace"))
+            return
+        self._reply(200, text.encode("utf-8", "replace"), headers={"Cache-Control": "no-store"})
+
     def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
                headers: dict | None = None) -> None:
         self.send_response(code)
@@ -234,6 +257,7 @@ def _landing_page(path: str) -> bytes:
         "<html><head><title>verl exporter</title></head><body><h1>verl exporter</h1>"
         f"<p>Version {__version__}</p><ul><li><a href='{path}'>Metrics</a></li>"
         "<li><a href='/-/healthy'>Health</a></li><li><a href='/-/ready'>Readiness</a></li></ul>"
+        f"<p>Evidence of a stalled run: {EVIDENCE_PATH}?project=P&amp;experiment=E</p>"
         "</body></html>\n"
     ).encode()
 
@@ -241,10 +265,12 @@ def _landing_page(path: str) -> bytes:
 def serve(address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str = "/metrics",
           ready: Callable[[], bool] = lambda: True,
           web: WebConfig | None = None,
-          render_text: Callable[[bool], bytes] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
+          render_text: Callable[[bool], bytes] | None = None,
+          evidence: Callable[[str, str], str | None] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
     """Bind (OSError if the port is taken) and serve in a daemon thread. ``render_text``, when
-    given, renders the text format in place of client_python's writer (see training_render)."""
-    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web, render_text)
+    given, renders the text format in place of client_python's writer (see training_render);
+    ``evidence`` answers /debug/evidence (forensics)."""
+    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web, render_text, evidence)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread

@@ -1,0 +1,135 @@
+"""The background thread that checks the followed runs and captures the evidence of each stall.
+
+A thread, not the scrape: a capture runs subprocesses (py-spy, up to 10 s each) and reads files
+and NVML, which no scrape should wait for, and a stall must be caught while nothing scrapes. The
+thread starts checking once the sources have read their backlogs (``ready``), then every
+``interval`` seconds; at most ``MAX_CAPTURES`` captures per check (the others wait for the next).
+
+The job's stacks and GPUs are captured only for the runs this node's job works for (``node_runs``:
+the run named by the flags, or every unfinished run while they are at most ``--node.max-runs``);
+the evidence of other runs (a shared log directory) holds their logs and errors only.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterable
+from urllib.parse import urlencode
+
+from .. import __version__
+from ..records import RunKey
+from ..store import RunStore
+from .archive import EvidenceArchive
+from .gpus import describe_gpus
+from .logtail import read_tail
+from .report import MAX_BYTES, render
+from .stacks import dump_job, find_py_spy
+from .watch import Stall, StallWatch
+
+log = logging.getLogger(__name__)
+MAX_CAPTURES = 8
+NOT_THIS_NODE = ("not captured: this exporter follows more unfinished runs than --node.max-runs (a shared "
+                 "log directory), so this node's job and GPUs are not this run's")
+
+
+class Forensics:
+    """Checks runs for stalls (``check``) on its own thread; ``evidence`` serves what it captured."""
+
+    def __init__(self, store: RunStore, *, job: Any = None, gpu: Any = None,
+                 node_runs: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
+                 ready: Callable[[], bool] = lambda: True, stall_after: float = 600.0, interval: float = 15.0,
+                 directory: str | None = None, retention: int = 50, max_bytes: int = MAX_BYTES,
+                 clock: Callable[[], float] = time.time, py_spy: Callable[[], str | None] = find_py_spy):
+        self.watch = StallWatch(store, stall_after=stall_after, clock=clock)
+        self.archive = EvidenceArchive(directory, retention=retention, max_bytes=max_bytes)
+        self.job = job if job is not None and job.configured else None
+        self.gpu = gpu
+        self.node_runs = node_runs
+        self.ready = ready
+        self.interval = interval
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.py_spy = py_spy
+        self.host = socket.gethostname()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="forensics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)  # a capture under way finishes on its own (daemon thread)
+
+    def evidence(self, project: str, experiment: str) -> str | None:
+        return self.archive.get(RunKey(project, experiment))
+
+    def check(self) -> list[Stall]:
+        """One round: find the new stalls and capture each; returns them."""
+        mine = _Lazy(lambda: {tuple(run) for run in self.node_runs()})
+        running = self.job.running() if self.job is not None else None
+        stalls = self.watch.check(running, node_runs=lambda: mine.get(), limit=MAX_CAPTURES)
+        round_ = _Round(self, mine)
+        for stall in stalls:
+            now = self.clock()
+            text = self.capture(stall, round_, now)
+            path = self.archive.put(stall.run, text, now)
+            query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment})
+            log.warning("run %s/%s: %s; evidence at /debug/evidence?%s%s", stall.run.project, stall.run.experiment,
+                        stall.why, query, f" and {path}" if path else "")
+        return stalls
+
+    def capture(self, stall: Stall, round_: "_Round", now: float) -> str:
+        state = self.watch.state(stall.run)
+        ours = (stall.run.project, stall.run.experiment) in round_.mine.get()
+        tails = [read_tail(path) for path in stall.sources]
+        return render(stall, state, now=now, stacks=round_.stacks() if ours else NOT_THIS_NODE + "\n",
+                      gpus=round_.gpus() if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,
+                      version=__version__, max_bytes=self.max_bytes)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and not self.ready():
+            self._stop.wait(min(self.interval, 1.0))
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception:  # the thread must go on; the next check tries again
+                log.exception("checking the runs for stalls failed")
+            self._stop.wait(self.interval)
+
+
+class _Lazy:
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._done, self._value = make, False, None
+
+    def get(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._make(), True
+        return self._value
+
+
+class _Round:
+    """What one check captures once for all its runs: the job's stacks and its GPUs."""
+
+    def __init__(self, forensics: Forensics, mine: _Lazy):
+        self.forensics, self.mine = forensics, mine
+        self._processes = _Lazy(lambda: forensics.job.processes() if forensics.job is not None else None)
+        self.stacks = _Lazy(self._stacks).get
+        self.gpus = _Lazy(self._gpus).get
+
+    def _stacks(self) -> str:
+        processes = self._processes.get()
+        if processes is None:
+            return "no --job.pid or --job.match: the exporter does not know the job's processes\n"
+        return dump_job(processes, py_spy=self.forensics.py_spy())
+
+    def _gpus(self) -> str:
+        if self.forensics.gpu is None:
+            return "GPU collector off (--no-collector.gpu)\n"
+        processes = self._processes.get()
+        return describe_gpus(self.forensics.gpu, None if processes is None else {p.pid for p in processes})
