@@ -48,6 +48,7 @@ class Alert:
     fix: str
     guide: str = ""
     held: str = ""  # how long the expression itself requires the condition (a window), before ``for_``
+    evidence: bool = False  # the exporter captures evidence of this stop: link /debug/evidence
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", self.name):

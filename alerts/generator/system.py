@@ -176,6 +176,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "
         "alerts on the same hosts; restart from the last checkpoint (`trainer.resume_mode=auto`).",
         "8.1",
+        evidence=True,
     ),
     Alert(
         "VerlCheckpointSaveSlow", "warning",
@@ -196,6 +197,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "Check the checkpoint folder (`trainer.default_local_dir`): free space, write speed, files still "
         "growing; look for a rank that exited in the job's log; save less often (`trainer.save_freq`) or to "
         "faster local storage and copy asynchronously.",
+        evidence=True,
     ),
     Alert(
         "VerlTrainingJobCrashed", "critical",
@@ -210,6 +212,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "and raises nothing.",
         JOB_FIX,
         "8.1",
+        evidence=True,
     ),
     Alert(
         "VerlTrainingJobExited", "warning",
@@ -250,6 +253,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "`actor_rollout_ref.rollout.gpu_memory_utilization` (the engine's share), or offload parameters "
         "(`actor_rollout_ref.actor.fsdp_config.param_offload`).",
         "11.2",
+        evidence=True,
     ),
     Alert(
         "VerlTrainingLogErrors", "warning",
@@ -266,6 +270,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "Read the error lines and the lines before them (`/debug/evidence` of the exporter, or the log); "
         "for NCCL timeouts and dead actors check the other nodes' GPUs and `ray status`; for tracebacks "
         "in a reward function fix the function.",
+        evidence=True,
     ),
     Alert(
         "VerlTrainingNoFirstStep", "critical",
@@ -284,6 +289,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         "Take a `py-spy dump` of the trainer and the workers (the exporter's evidence has one where it "
         "may ptrace), read the end of the log for the phase it hangs in, check `ray status`; restart.",
         "8.1",
+        evidence=True,
     ),
     Alert(
         "VerlExporterDown", "critical",
