@@ -150,7 +150,7 @@ def test_published_ports_are_local_and_served():
 def test_exporter_dockerfile():
     text = (REPO / "exporter" / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11\.\d+-slim-\w+$", text, re.M), "base image not pinned to a patch release"
-    assert re.search(r"^RUN pip install \.", text, re.M)
+    assert re.search(r"^RUN pip install '?\.(\[forensics\])?'? ", text, re.M), "installs the package (with py-spy)"
     user = re.search(r"^USER (\S+)$", text, re.M)
     assert user and user.group(1) not in ("root", "0")
     assert re.search(r"^EXPOSE 9945$", text, re.M)
