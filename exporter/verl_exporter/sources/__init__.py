@@ -243,10 +243,6 @@ class Source:
                 return record
         if state.last_step is None and "_name': '" in line:
             self._name_run_from_config(state, line)
-        if MARKER in line:
-            saved = parse_checkpoint_start(line)
-            if saved is not None:
-                return Record(state.run, state.last_step or 0, {}, now, source=state.path, checkpoint_step=saved)
         if "Total training steps:" in line:
             total = parse_total_steps(line)
             if total is not None:
@@ -258,6 +254,10 @@ class Source:
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+        if MARKER in line:
+            saved = parse_checkpoint_start(line)
+            if saved is not None:
+                return Record(state.run, state.last_step or 0, {}, now, source=state.path, checkpoint_step=saved)
         if after_step and state.last_step is not None:
             values = parse_console_continuation(line, state.dropped)
             if values:
