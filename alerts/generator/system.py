@@ -58,6 +58,11 @@ JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for 
            "the last checkpoint (`trainer.resume_mode=auto`).")
 
 
+# Where the job hangs, from the exporter's evidence of the stop (py-spy's top frame), where it has one.
+HANGS_IN = ("{{ with printf `verl_evidence_top_frame_info{project=%q,experiment=%q}` $labels.project"
+            " $labels.experiment | query }} The job hangs in {{ . | first | label \"frame\" }}.{{ end }}")
+
+
 def _new_or_increased(selector: str, window: str) -> str:
     """Counter ``selector`` rose within ``window``, or appeared (above 0) within it."""
     return f"increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window})"
@@ -165,7 +170,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         f"{STALLED} unless on(job, instance) verl_job_running == 0", "10m",
         "The training run has stopped making progress.",
         f"Run {RUN}: no new step for {DURATION}, over ${{timing_s/step:stalled_steps}} times its usual step "
-        "time, and the run has not finished." + RUN_GPUS,
+        "time, and the run has not finished." + RUN_GPUS + HANGS_IN,
         "No new step has been read for several times the run's usual step time (plus the `for` "
         "duration), the run has not finished (reached its last step, or verl printed its end of "
         "training), it is not saving a checkpoint (verl's `local_global_step_folder:` line until the "
@@ -280,7 +285,7 @@ OPERATIONS = Group("verl-operations", "verl-operations.rules.yml", "Operations",
         f" and on(job, instance) verl_job_running == 1", "5m",
         "The job runs, but its run has logged no step an hour after it started.",
         f"Run {RUN}: the run started {DURATION} ago (its config print) and has logged no step, while the "
-        "training job's processes are alive: it hangs before its first step.",
+        "training job's processes are alive: it hangs before its first step." + HANGS_IN,
         "verl printed the run's config (or its first line) more than an hour ago and no training step "
         "since, while the job's processes (`--job.pid`/`--job.match`) are alive. The first step includes "
         "loading the model and starting the rollout engine, which take minutes, not an hour: the job "

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from . import config, web_config
 from .catalog import default_catalog
 from .collectors import CollectorRunner
+from .collectors.evidence import EvidenceCollector
 from .collectors.exporter import ExporterCollector
 from .server import parse_listen_address, serve
 from .store import RunStore
@@ -163,6 +164,8 @@ class Exporter:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.forensics = self._forensics(collectors["node"]) if settings.forensics else None
+        if self.forensics is not None:
+            self.registry.register(EvidenceCollector(self.forensics))
         self.server = None
 
     @staticmethod

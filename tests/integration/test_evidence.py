@@ -101,6 +101,9 @@ def test_a_hung_job_its_stack_names_where_it_hangs(tmp_path, py_spy):
             assert "step:3 - actor/pg_loss:0.1" in text
             [written] = evidence_files(evidence_dir)
             assert written.read_text() == text
+            metrics = exporter.get("/metrics")[1]  # what the alerts quote of it
+            assert 'verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:' in metrics
+            assert 'verl_evidence_captured_timestamp_seconds{experiment="hung",project="gsm8k"}' in metrics
             time.sleep(1.0)
             assert len(evidence_files(evidence_dir)) == 1  # once per stall
             with log.open("a") as handle:  # a step ends the stall; the next is captured again

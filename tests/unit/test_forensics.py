@@ -508,3 +508,34 @@ def test_the_readme_documents_every_forensics_flag():
     for option in config.OPTIONS:
         if option.flag.startswith("forensics"):
             assert f"`--{option.flag}`" in readme or f"`--[no-]{option.flag}`" in readme, option.flag
+
+
+def test_the_top_frame_is_the_first_thread_s_innermost_frame():
+    from verl_exporter.forensics.stacks import top_frame
+
+    dump = ("3 of the job's 3 processes, with py-spy\n--- pid 12: python train.py\nProcess 12: python train.py\n"
+            "Python v3.11.7 (/usr/bin/python3.11)\n\nThread 12 (idle): \"MainThread\"\n"
+            "    wait_for_allreduce (hung.py:5)\n    <module> (hung.py:9)\nThread 13 (idle): \"pt_autograd\"\n"
+            "    run (threading.py:975)\n")
+    assert top_frame(dump) == "wait_for_allreduce (hung.py:5)"
+    assert top_frame("pids 12: ptrace denied: run as root\n") is None
+
+
+def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from verl_exporter.collectors.evidence import EvidenceCollector
+    from verl_exporter.collectors.own import own_names
+    from verl_exporter.records import RunKey
+
+    class Captured:
+        captured = {RunKey("gsm8k", "hung"): (1000.0, "wait_for_allreduce (hung.py:5)"),
+                    RunKey("gsm8k", "denied"): (2000.0, "")}
+
+    registry = CollectorRegistry()
+    registry.register(EvidenceCollector(Captured()))
+    text = generate_latest(registry).decode()
+    assert 'verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k"} 1.0' in text
+    assert 'verl_evidence_captured_timestamp_seconds{experiment="denied",project="gsm8k"} 2000.0' in text
+    assert 'frame=""' not in text
+    assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= own_names()

@@ -30,6 +30,7 @@ def own_families() -> list[Metric]:
     """The families every collector describes, with every optional part switched on."""
     from ..job import JobSelector
     from . import CollectorRunner
+    from .evidence import EvidenceCollector
     from .exporter import ExporterCollector
     from .gpu import GpuCollector
     from .host import HostCollector
@@ -40,7 +41,7 @@ def own_families() -> list[Metric]:
     collectors = {"gpu": GpuCollector(None, job=job), "host": HostCollector(job=job),
                   "training": TrainingCollector(_DescribeOnly()), "exporter": ExporterCollector(),
                   "node": NodeCollector(None, lambda: (None, None))}
-    families = list(CollectorRunner(collectors).describe())
+    families = list(CollectorRunner(collectors).describe()) + list(EvidenceCollector(None).describe())
     client_python = CollectorRegistry()  # the collectors cli.py registers beside the runner
     for collector in (ProcessCollector, PlatformCollector, GCCollector):
         collector(registry=client_python)

@@ -22,11 +22,11 @@ from urllib.parse import urlencode
 from .. import __version__
 from ..records import RunKey
 from ..store import RunStore
-from .archive import EvidenceArchive
+from .archive import MAX_RUNS, EvidenceArchive
 from .gpus import describe_gpus
 from .logtail import read_tail
 from .report import MAX_BYTES, render
-from .stacks import dump_job, find_py_spy
+from .stacks import dump_job, find_py_spy, top_frame
 from .watch import Stall, StallWatch
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ class Forensics:
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # run -> (when its latest evidence was captured, its job's top frame then, or "")
+        self.captured: dict[RunKey, tuple[float, str]] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="forensics", daemon=True)
@@ -79,6 +81,8 @@ class Forensics:
             now = self.clock()
             text = self.capture(stall, round_, now)
             path = self.archive.put(stall.run, text, now)
+            ours = (stall.run.project, stall.run.experiment) in mine.get()
+            self._remember(stall.run, now, (top_frame(round_.stacks()) if ours else None) or "")
             query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment})
             log.warning("run %s/%s: %s; evidence at /debug/evidence?%s%s", stall.run.project, stall.run.experiment,
                         stall.why, query, f" and {path}" if path else "")
@@ -91,6 +95,13 @@ class Forensics:
         return render(stall, state, now=now, stacks=round_.stacks() if ours else NOT_THIS_NODE + "\n",
                       gpus=round_.gpus() if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,
                       version=__version__, max_bytes=self.max_bytes)
+
+    def _remember(self, run: RunKey, moment: float, frame: str) -> None:
+        """Keep what the evidence collector serves of the latest capture of at most MAX_RUNS runs."""
+        self.captured.pop(run, None)
+        self.captured[run] = (moment, frame)
+        while len(self.captured) > MAX_RUNS:
+            self.captured.pop(next(iter(self.captured)))
 
     def _loop(self) -> None:
         while not self._stop.is_set() and not self.ready():

@@ -10,6 +10,7 @@ says what to do), a process gone or not Python, a timeout.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ TIMEOUT_SECONDS = 10.0
 BUDGET_SECONDS = 60.0
 MAX_PROCESSES = 32
 WORKERS = 4
+MAX_FRAME_CHARS = 200  # of a frame served as a label
 MAX_DUMP_CHARS = 24 * 1024
 PTRACE_HINT = ("run the exporter as root or give it the SYS_PTRACE capability (docker: cap_add: [SYS_PTRACE]; "
                "Kubernetes: securityContext.capabilities.add: [SYS_PTRACE]), in the job's PID namespace")
@@ -106,3 +108,12 @@ def _dump(py_spy: str, pid: int, timeout: float, run: Callable[..., Any]) -> tup
             return outcome, ""
     first = next((line.strip() for line in text.splitlines() if line.strip()), f"exit code {done.returncode}")
     return "error", first[:200]
+
+
+_TOP_FRAME = re.compile(r"^Thread [^\n]*\n {4}(\S[^\n]{0,300})", re.M)
+
+
+def top_frame(stacks: str) -> str | None:
+    """The innermost frame of the first thread of a ``dump_job`` text (``wait_for_allreduce (hung.py:5)``)."""
+    match = _TOP_FRAME.search(stacks)
+    return match.group(1).strip()[:MAX_FRAME_CHARS] if match else None

@@ -1,0 +1,46 @@
+"""The evidence the exporter captured of stalled runs (``forensics``), for the alerts to quote::
+
+    # HELP verl_evidence_captured_timestamp_seconds Unix time of the latest evidence captured of the run's stop ...
+    verl_evidence_captured_timestamp_seconds{project,experiment}
+    # HELP verl_evidence_top_frame_info The innermost frame of the job's first thread in that evidence ...
+    verl_evidence_top_frame_info{project,experiment,frame} 1
+
+Only runs with evidence have series (at most the 32 latest); the frame only where py-spy read one.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+LABELS = ["project", "experiment"]
+
+
+class EvidenceCollector:
+    """Reads ``forensics.captured`` (run -> (time, top frame)) at scrape time."""
+
+    def __init__(self, forensics):
+        self.forensics = forensics
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        captured, frames = self._families()
+        for run, (moment, frame) in sorted(dict(self.forensics.captured).items()):
+            captured.add_metric([run.project, run.experiment], moment)
+            if frame:
+                frames.add_metric([run.project, run.experiment, frame], 1.0)
+        return [family for family in (captured, frames) if family.samples]
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("verl_evidence_captured_timestamp_seconds",
+                              "Unix time of the latest evidence captured of the run's stop (/debug/evidence).",
+                              labels=LABELS),
+            GaugeMetricFamily("verl_evidence_top_frame_info",
+                              "The innermost frame of the job's first thread in the run's latest evidence "
+                              "(py-spy), where it hangs.", labels=LABELS + ["frame"]),
+        )
