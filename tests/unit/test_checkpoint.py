@@ -5,6 +5,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from record_keeper import RecordKeeper
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
@@ -60,22 +61,11 @@ def test_a_save_without_verl_s_duration_lasts_until_the_next_step_and_the_end_of
     assert served["verl_checkpoint_saving"] == 0.0 and served["verl_checkpoint_last_save_duration_seconds"] == 5.0
 
 
-class _Keep:
-    def __init__(self):
-        self.records = []
-
-    def ingest(self, record):
-        self.records.append(record)
-
-    def parse_error(self, source, reason=""):
-        raise AssertionError(reason)
-
-
 def test_a_console_source_hands_the_save_over_as_a_record(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("(TaskRunner pid=1) step:19 - actor/pg_loss:0.1\n(TaskRunner pid=1) " + FOLDER.format(20) + "\n"
                    "(TaskRunner pid=1) step:20 - actor/pg_loss:0.2 - timing_s/save_checkpoint:30.0\n")
-    keep = _Keep()
+    keep = RecordKeeper()
     Source(str(log), keep, project="gsm8k", experiment="grpo").poll()
     assert [(record.step, record.checkpoint_step) for record in keep.records] == [(19, None), (19, 20), (20, None)]
 

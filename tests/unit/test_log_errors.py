@@ -6,6 +6,7 @@ import os
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from record_keeper import RecordKeeper
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
@@ -70,23 +71,12 @@ def test_the_store_counts_errors_by_kind_keeps_the_latest_lines_and_no_step():
     }
 
 
-class _Keep:
-    def __init__(self):
-        self.records = []
-
-    def ingest(self, record):
-        self.records.append(record)
-
-    def parse_error(self, source, reason=""):
-        raise AssertionError(reason)
-
-
 def test_a_console_source_reads_errors_from_any_actor_bounded_and_without_colours(tmp_path):
     log = tmp_path / "run.log"
     long = "x" * 5000
     log.write_text("\x1b[36m(WorkerDict pid=3)\x1b[0m torch.OutOfMemoryError: CUDA out of memory. " + long + "\n"
                    "(TaskRunner pid=1) step:1 - actor/pg_loss:0.1\n")
-    keep = _Keep()
+    keep = RecordKeeper()
     Source(str(log), keep, project="search", experiment="ppo").poll()
     error, step = keep.records
     assert error.error == "cuda_oom" and step.step == 1 and step.error is None
@@ -110,9 +100,9 @@ def test_errors_before_the_run_is_known_name_no_run_of_their_own(tmp_path):
                    "(TaskRunner pid=1) {'trainer': {'project_name': 'search', 'experiment_name': 'ppo', 'logger': ['console']},\n"
                    "(TaskRunner pid=1)  'actor_rollout_ref': {'actor': {'clip_ratio': 0.2}}}\n"
                    "(WorkerDict pid=3) torch.OutOfMemoryError: CUDA out of memory.\n")
-    keep = _Keep()
+    keep = RecordKeeper()
     Source(str(log), keep).poll()
     assert [(record.run, record.error) for record in keep.records if record.settings is None] == [(RUN, "cuda_oom")]
-    named = _Keep()
+    named = RecordKeeper()
     Source(str(log), named, project="search", experiment="ppo").poll()
     assert [record.error for record in named.records if record.settings is None] == ["traceback", "cuda_oom"]

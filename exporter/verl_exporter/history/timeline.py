@@ -52,14 +52,18 @@ class Step:
 
     def duration(self) -> float | None:
         """How long verl says the step took, if it logged that."""
+        return self.seconds(DURATION_KEYS, positive=True)
+
+    def seconds(self, keys: tuple[str, ...], positive: bool = False) -> float | None:
+        """The first of ``keys`` the step logged as a finite number of seconds (0 or more, or more than 0)."""
         for record in self.records:
-            for key in DURATION_KEYS:
+            for key in keys:
                 if key in record.values:
                     try:
                         seconds = float(record.values[key])
                     except (TypeError, ValueError):
                         continue
-                    if seconds > 0 and seconds != float("inf"):
+                    if (seconds > 0 if positive else seconds >= 0) and seconds != float("inf"):
                         return seconds
         return None
 
@@ -195,23 +199,10 @@ def _time_events(entries: list[Step]) -> None:
             entry.time = entry.logged_at
             continue
         saving = entry.records[0].checkpoint_step is not None
-        seconds = _save_seconds(after) if after is not None and saving else None
+        seconds = after.seconds(CHECKPOINT_SAVE_KEYS) if after is not None and saving else None
         if after is not None and seconds is not None:
             entry.time = after.time - seconds if before is None else max(before + 0.001, after.time - seconds)
         elif before is not None:
             entry.time = before + 0.001
         else:
             entry.time = after.time if after is not None else 0.0
-
-
-def _save_seconds(step: Step) -> float | None:
-    for record in step.records:
-        for key in CHECKPOINT_SAVE_KEYS:
-            if key in record.values:
-                try:
-                    seconds = float(record.values[key])
-                except (TypeError, ValueError):
-                    continue
-                if 0 <= seconds < float("inf"):
-                    return seconds
-    return None
