@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from . import run_settings
 from .catalog import Catalog, Resolved
-from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey
+from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey, is_event
 
 log = logging.getLogger(__name__)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
@@ -145,7 +145,7 @@ class StoreSnapshot:
     runs_dropped: int
     values_dropped: dict[tuple[str, str], int] = field(default_factory=dict)  # (source, reason)
     sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unreadable, None if readable
-    runs_expired: dict[str, int] = field(default_factory=dict)  # reason (finished, idle) -> runs dropped
+    runs_expired: dict[str, int] = field(default_factory=dict)  # reason (finished, idle, no_step) -> runs dropped
     run_cap_reached: bool = False  # a run was refused since a place under the cap last freed up
     versions: dict[RunKey, int] | None = field(default_factory=dict)  # every run's version (None: as ``since``)
     serial: int = 0  # changes whenever a run does, or a run is dropped
@@ -252,6 +252,8 @@ class RunStore:
             now = self.clock()
             if now - self._swept_at >= EXPIRY_CHECK_SECONDS:
                 self._expire(now)
+            if len(self._runs) >= self.max_runs and not describes and not is_event(record):
+                self._drop_a_stepless_run()
             if len(self._runs) >= self.max_runs:
                 self._runs_dropped += 1
                 if not self._cap_reached:
@@ -261,6 +263,18 @@ class RunStore:
                 return None
         state = self._runs[record.run] = RunState(record.run)
         return state
+
+    def _drop_a_stepless_run(self) -> None:
+        """Make room for a run that steps: drop the oldest run that never logged a step (only its config
+        or errors were read), so that config prints alone cannot hold every place."""
+        stepless = [state for state in self._runs.values() if state.last_step is None and not state.finished]
+        if not stepless:
+            return
+        oldest = min(stepless, key=lambda state: state.started_at if state.started_at is not None else 0.0)
+        del self._runs[oldest.run]
+        self._version += 1
+        self._unconverted.discard(oldest.run)
+        self._runs_expired["no_step"] += 1
 
     def _expire(self, now: float) -> None:
         """Drop the runs retention lets go: finished ``retention`` ago, idle for ``idle_retention``."""

@@ -43,7 +43,8 @@ and for the exporter: ``verl_exporter_parse_errors_total{source}``,
 configured path or a glob's match can be read, 0 when it is missing, not a regular file or
 unreadable), ``verl_training_runs``, ``verl_training_runs_dropped_total`` (records refused by the
 run cap), ``verl_training_run_cap_reached`` (1 while it refuses) and
-``verl_training_runs_expired_total{reason}`` (runs dropped by retention: finished or idle).
+``verl_training_runs_expired_total{reason}`` (runs dropped by retention: finished or idle; or
+``no_step``: a run that never stepped, dropped at the run cap for one that steps).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class TrainingCollector:
             families["source_up"].add_metric([source], 0.0 if reason else 1.0)
         families["runs"].add_metric([], len(snapshot.versions))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
-        for reason in ("finished", "idle"):
+        for reason in ("finished", "idle", "no_step"):
             families["runs_expired"].add_metric([reason], snapshot.runs_expired.get(reason, 0))
         families["run_cap_reached"].add_metric([], 1.0 if snapshot.run_cap_reached else 0.0)
 
@@ -256,7 +257,8 @@ class TrainingCollector:
             "runs_expired": CounterMetricFamily(
                 "verl_training_runs_expired",
                 "Runs no longer served: finished longer than --store.retention ago, or idle longer than "
-                "--store.idle-retention (reason finished or idle).", labels=["reason"]),
+                "--store.idle-retention (reason finished or idle), or never stepped and dropped at the run cap "
+                "for a run that steps (no_step).", labels=["reason"]),
             "run_cap_reached": GaugeMetricFamily(
                 "verl_training_run_cap_reached",
                 "1 while the exporter refuses new runs for reaching --store.max-runs, else 0."),
