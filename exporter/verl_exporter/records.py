@@ -63,6 +63,20 @@ class ParseError(ValueError):
     """A line that should be a record but cannot be read; the message says why, briefly."""
 
 
+def logged_seconds(values: dict, keys: tuple[str, ...], positive: bool = False) -> float | None:
+    """The first of ``keys`` in ``values`` that holds a finite number of seconds (0 or more; more than 0
+    where ``positive``), as a float; None where none does."""
+    for key in keys:
+        if key in values:
+            try:
+                seconds = float(values[key])
+            except (TypeError, ValueError):
+                continue
+            if (seconds > 0 if positive else seconds >= 0) and seconds != float("inf"):
+                return seconds
+    return None
+
+
 def to_float(value: object) -> float:
     """A logged value as a float: numbers, bools and numeric strings ('nan', '1e-3'); else ParseError."""
     if isinstance(value, bool):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from . import run_settings
 from .catalog import Catalog, Resolved
-from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey, is_event
+from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey, is_event, logged_seconds
 
 log = logging.getLogger(__name__)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
@@ -53,15 +53,7 @@ class CheckpointState:
 
     def end(self, moment: float, values: dict) -> None:
         """The save ended with the run's next step (``values``, where verl says how long it took)."""
-        seconds = None
-        for key in CHECKPOINT_SAVE_KEYS:
-            try:
-                seconds = float(values[key]) if key in values else None
-            except (TypeError, ValueError):
-                seconds = None
-            if seconds is not None and seconds >= 0 and seconds != float("inf"):
-                break
-            seconds = None
+        seconds = logged_seconds(values, CHECKPOINT_SAVE_KEYS)
         self.saving, self.done_step = False, self.step
         self.done_seconds = seconds if seconds is not None else max(0.0, moment - self.started)
 

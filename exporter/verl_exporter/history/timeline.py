@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from verl_exporter.records import CHECKPOINT_SAVE_KEYS, ParseError, Record, is_event
+from verl_exporter.records import CHECKPOINT_SAVE_KEYS, ParseError, Record, is_event, logged_seconds
 from verl_exporter.sources import Source, format_for
 
 DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
@@ -57,14 +57,9 @@ class Step:
     def seconds(self, keys: tuple[str, ...], positive: bool = False) -> float | None:
         """The first of ``keys`` the step logged as a finite number of seconds (0 or more, or more than 0)."""
         for record in self.records:
-            for key in keys:
-                if key in record.values:
-                    try:
-                        seconds = float(record.values[key])
-                    except (TypeError, ValueError):
-                        continue
-                    if (seconds > 0 if positive else seconds >= 0) and seconds != float("inf"):
-                        return seconds
+            seconds = logged_seconds(record.values, keys, positive)
+            if seconds is not None:
+                return seconds
         return None
 
 

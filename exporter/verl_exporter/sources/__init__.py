@@ -269,8 +269,7 @@ class Source:
         kind = error_kind(line)
         # Before the run is known (its config print or first step) an error would name a run of its own,
         # and is Ray's start-up noise (caught exceptions) more often than the run's.
-        known = state.named or state.last_step is not None or (self.project and self.experiment)
-        if kind is not None and known:
+        if kind is not None and (state.named or state.last_step is not None or (self.project and self.experiment)):
             return Record(state.run, state.last_step or 0, {}, now, source=state.path, error=kind,
                           line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
