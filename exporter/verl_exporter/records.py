@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 # Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
 DropCounter = Callable[[str], None]
+# How long verl says a step took (timing/step before 0.4; perf/time_per_step in its throughput keys).
+STEP_DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
 # How long verl says a step's checkpoint save took (logged in the step after the save).
 CHECKPOINT_SAVE_KEYS = ("timing_s/save_checkpoint", "timing/save_checkpoint")
 MAX_STEP = 1 << 53  # beyond this a step is no longer exact as a float sample value

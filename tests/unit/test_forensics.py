@@ -539,3 +539,16 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     assert 'verl_evidence_captured_timestamp_seconds{experiment="denied",project="gsm8k"} 2000.0' in text
     assert 'frame=""' not in text
     assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= own_names()
+
+
+def test_a_checkpoint_save_under_way_is_no_stall_up_to_the_rules_ceiling():
+    clock = Clock()
+    store = make_store(clock)
+    watch = StallWatch(store, stall_after=60, clock=clock)
+    step(store, clock, 19, 100.0)
+    store.ingest(Record(RUN, 19, {}, time=clock.now, checkpoint_step=20))
+    clock.now += 2400  # a 40-minute save: no stall
+    assert watch.check() == []
+    clock.now += watch.save_ceiling
+    [stall] = watch.check()  # past the ceiling it is one
+    assert stall.kind == "no_step" and "since step 19" in stall.why

@@ -8,6 +8,9 @@ A run that has not finished stalls when
 - or (with a job selector) the job's processes went away: seen running, then gone for
   ``exit_grace`` seconds (time for the log's last lines to be read), and the run still unfinished.
 
+A checkpoint save under way (verl's ``local_global_step_folder:`` line until the next step) is no
+stall for up to the catalog's ``checkpoint_save_ceiling_seconds``, the alert rules' own ceiling.
+
 A stall is reported once: a step that comes in ends it, and the next one is reported again.
 
 The watch reads the store at check time, copying only the runs that changed since the previous
@@ -25,10 +28,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..records import RunKey
+from ..records import STEP_DURATION_KEYS, RunKey, logged_seconds
 from ..store import RunState, RunStore
 
-STEP_KEYS = ("timing_s/step", "timing/step")  # verl's step duration; the second is the pre-0.4 spelling
 STEP_SAMPLES = 64
 MEDIAN_FACTOR = 5
 NO_FIRST_STEP_SECONDS = 3600.0
@@ -57,6 +59,7 @@ class _View:
     step_seconds: deque = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
     sampled: tuple | None = None  # the episode whose step duration was sampled
     reported: tuple | None = None  # the episode already reported
+    saving_since: float | None = None  # when the checkpoint save under way started
 
     @property
     def episode(self) -> tuple:
@@ -70,6 +73,7 @@ class StallWatch:
     def __init__(self, store: RunStore, *, stall_after: float = 600.0, exit_grace: float = EXIT_GRACE_SECONDS,
                  clock: Callable[[], float] = time.time):
         self.store = store
+        self.save_ceiling = store.catalog.system.get("checkpoint_save_ceiling_seconds", 8 * 3600.0)
         self.stall_after = stall_after
         self.exit_grace = exit_grace
         self.clock = clock
@@ -143,14 +147,17 @@ class StallWatch:
                 del view.sources[next(iter(view.sources))]
         if state.last_step is not None and view.sampled != view.episode:
             view.sampled = view.episode
-            seconds = next((state.values[key] for key in STEP_KEYS if key in state.values), None)
-            if isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0:
+            seconds = logged_seconds(state.values, STEP_DURATION_KEYS, positive=True)
+            if seconds is not None:
                 view.step_seconds.append(seconds)
+        saving = state.checkpoint is not None and state.checkpoint.saving
+        view.saving_since = state.checkpoint.started if saving else None
 
     def _stalled(self, run: RunKey, view: _View, now: float) -> tuple[str, str] | None:
         if view.last_step_time is not None:
             idle, limit = now - view.last_step_time, self.threshold(run)
-            if idle <= limit:
+            if idle <= limit or (view.saving_since is not None
+                                 and now - view.saving_since < self.save_ceiling):
                 return None
             median = self.median_step_seconds(run)
             rule = (f"the larger of --forensics.stall-after {duration(self.stall_after)} and {MEDIAN_FACTOR} x "

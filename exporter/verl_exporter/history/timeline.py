@@ -27,10 +27,10 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from verl_exporter.records import CHECKPOINT_SAVE_KEYS, ParseError, Record, is_event, logged_seconds
+from verl_exporter.records import (CHECKPOINT_SAVE_KEYS, STEP_DURATION_KEYS, ParseError, Record, is_event,
+                                   logged_seconds)
 from verl_exporter.sources import Source, format_for
 
-DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
 DEFAULT_STEP_SECONDS = 60.0
 MAX_LINE_BYTES = 1 << 20
 
@@ -52,7 +52,7 @@ class Step:
 
     def duration(self) -> float | None:
         """How long verl says the step took, if it logged that."""
-        return self.seconds(DURATION_KEYS, positive=True)
+        return self.seconds(STEP_DURATION_KEYS, positive=True)
 
     def seconds(self, keys: tuple[str, ...], positive: bool = False) -> float | None:
         """The first of ``keys`` the step logged as a finite number of seconds (0 or more, or more than 0)."""
