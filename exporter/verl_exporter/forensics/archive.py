@@ -61,19 +61,20 @@ class EvidenceArchive:
             self.directory.mkdir(parents=True, exist_ok=True)  # OSError: the caller says why
 
     def put(self, run: RunKey, text: str, moment: float) -> str | None:
-        """Keep ``text`` as the run's latest evidence; the file written, if any."""
+        """Keep ``text`` as the run's latest evidence; the file written, if any. The file is written
+        first, so that evidence that can be read has its file too."""
+        path = None
+        if self.directory is not None:
+            try:
+                path = str(self._write(run, text, moment))
+            except OSError as exc:
+                log.warning("cannot write evidence to %s: %s (kept in memory)", self.directory, exc.strerror or exc)
         with self._lock:
             self._latest.pop(run, None)
             self._latest[run] = text
             while len(self._latest) > self.max_runs:
                 self._latest.popitem(last=False)
-        if self.directory is None:
-            return None
-        try:
-            return str(self._write(run, text, moment))
-        except OSError as exc:
-            log.warning("cannot write evidence to %s: %s (kept in memory)", self.directory, exc.strerror or exc)
-            return None
+        return path
 
     def get(self, run: RunKey) -> str | None:
         """The run's latest evidence: from memory, else its newest file; None if there is none."""
