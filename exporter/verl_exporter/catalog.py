@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from . import schema
+
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 PREFIX = "verl_"
 GIB = 1 << 30
@@ -26,22 +28,15 @@ _RESERVED_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created", "_info"
 
 # A logged key whose name the exporter serves itself is renamed into this namespace.
 LOGGED_PREFIX = PREFIX + "logged_"
-# Namespaces that are the exporter's own as a whole (besides every name its collectors serve, see
-# reserved_names): a logged key never takes a name in them.
-RESERVED_PREFIXES = ("verl_gpu_", "verl_host_", "verl_job_", "verl_exporter_", LOGGED_PREFIX)
-
-
-def reserved_names() -> frozenset[str]:
-    """Every family and sample name the exporter's collectors serve themselves (from their own
-    descriptions, so the list cannot drift from what is served)."""
-    from .collectors.own import own_names  # collectors import the store, which imports this module
-
-    return own_names()
+# Namespaces that are the exporter's own as a whole (besides every name it serves, see
+# schema.reserved_names): a logged key never takes a name in them.
+RESERVED_PREFIXES = (*schema.OWN_PREFIXES, LOGGED_PREFIX)
 
 
 def is_reserved(name: str) -> bool:
     """Whether ``name`` is one the exporter serves itself, or lies in one of its namespaces."""
-    return name.startswith(RESERVED_PREFIXES) or name in reserved_names()
+    return name.startswith(RESERVED_PREFIXES) or name in schema.reserved_names()
+
 
 # timing_s/* keys that hold no duration: verl puts counts, lengths and ratios of the generation and
 # of the agent loop into the same timing dict as the stage times (timing_s/generation_timing/topk_ratio,

@@ -11,11 +11,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from . import config, web_config
+from . import web_config
 from .catalog import default_catalog
 from .collectors import CollectorRunner
 from .collectors.evidence import EvidenceCollector
 from .collectors.exporter import ExporterCollector
+from .exposition import Exposition
+from .options import Options, OptionsError, load_options, log_level
 from .server import parse_listen_address, serve
 from .store import RunStore
 
@@ -32,32 +34,39 @@ def main(argv: list[str] | None = None) -> int:
         from .history import backfill, replay
 
         return (backfill if argv[0] == "backfill" else replay).main(argv[1:])
+    if argv[:1] == ["rules"]:
+        from .alerting import generate
+
+        return generate.rules_main(argv[1:])
     signals = _Signals()
     app = None
     try:
         try:
-            settings = config.load(argv)
-            address = parse_listen_address(settings.web_listen_address)
-            web = web_config.load(settings.web_config_file)
-        except (config.ConfigError, ValueError, web_config.WebConfigError) as exc:
+            options = load_options(argv)
+            address = parse_listen_address(options.web_listen_address)
+            web = web_config.load(options.web_config_file)
+        except (OptionsError, ValueError, web_config.WebConfigError) as exc:
             print(f"verl-exporter: error: {exc}", file=sys.stderr)
             return 2
-        logging.basicConfig(level=config.log_level(settings), format=LOG_FORMAT)
+        logging.basicConfig(level=log_level(options), format=LOG_FORMAT)
         try:
-            app = Exporter(settings, argv=argv, web=web)
-        except config.ConfigError as exc:
+            app = Exporter(options, argv=argv, web=web)
+        except OptionsError as exc:
             print(f"verl-exporter: error: {exc}", file=sys.stderr)
             return 2
         try:
             app.start(address)
         except OSError as exc:
-            print(f"verl-exporter: error: cannot listen on {settings.web_listen_address}: {exc.strerror or exc}",
+            print(f"verl-exporter: error: cannot listen on {options.web_listen_address}: {exc.strerror or exc}",
                   file=sys.stderr)
             app.stop()
             return 2
         signals.started = True
         while signals.wait() == "reload":
-            app.reload()
+            try:
+                app.reload()
+            except Exception:  # a reload must never stop a serving exporter
+                log.exception("reloading the options failed, keeping the running ones")
     except _Shutdown:
         pass
     log.info("shutting down")
@@ -75,7 +84,7 @@ class _Shutdown(BaseException):
 
 
 class _Signals:
-    """SIGTERM and SIGINT stop the exporter, SIGHUP reloads its config files (as Prometheus does).
+    """SIGTERM and SIGINT stop the exporter, SIGHUP reloads its options files (as Prometheus does).
 
     Installed before anything else starts, so no signal finds Python's default action. Until the
     exporter is serving, a stop interrupts whatever it is doing; after that the main loop acts.
@@ -131,89 +140,88 @@ def _open_file_cap(wanted: int) -> int:
 class Exporter:
     """The running exporter: everything ``main`` starts, so tests can start it in-process too."""
 
-    def __init__(self, settings: config.Settings, argv: list[str] | None = None,
+    def __init__(self, options: Options, argv: list[str] | None = None,
                  web: web_config.WebConfig | None = None):
         from .sources import Ingestor
 
-        self.settings = settings
+        self.options = options
         self.argv = argv  # what reload() parses again
         self.web = web or web_config.WebConfig()
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         from .sources.tail import OpenFiles
 
-        self.store = RunStore(default_catalog(), max_series_per_run=settings.store_max_series_per_run,
-                              max_runs=settings.store_max_runs, retention=settings.store_retention_seconds,
-                              idle_retention=settings.store_idle_retention_seconds)
-        self.open_files = OpenFiles(_open_file_cap(settings.source_max_open_files))
-        patterns = list(settings.source)
-        if settings.simulate:
+        self.store = RunStore(default_catalog(), max_series_per_run=options.store_max_series_per_run,
+                              max_runs=options.store_max_runs, retention=options.store_retention,
+                              idle_retention=options.store_idle_retention)
+        self.open_files = OpenFiles(_open_file_cap(options.source_max_open_files))
+        patterns = list(options.source)
+        if options.simulate:
             patterns.append(self._start_simulation())
-        if settings.run_config:  # like a simulated run, not one of --source: a reload keeps it
-            patterns.append(settings.run_config)
-        self.simulated = patterns[len(settings.source):]
-        self.sources = {self.source_key(pattern, settings): self._source(pattern, settings) for pattern in patterns}
-        self.ingestor = Ingestor(list(self.sources.values()), interval=settings.source_poll_interval)
+        if options.run_config:  # like a simulated run, not one of --source: a reload keeps it
+            patterns.append(options.run_config)
+        self.simulated = patterns[len(options.source):]
+        self.sources = {self.source_key(pattern, options): self._source(pattern, options) for pattern in patterns}
+        self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
         self.gpu_backend = None
         self.job = None
-        self.registry = CollectorRegistry()
         collectors = self._collectors()
-        self.registry.register(CollectorRunner(collectors))
-        self.registry.register(ExporterCollector())
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.forensics = self._forensics(collectors["node"]) if settings.forensics else None
+        self.forensics = self._forensics(collectors["node"]) if options.forensics else None
+        scratch = CollectorRegistry()  # client_python's collectors register themselves somewhere
+        served = [CollectorRunner(collectors), ExporterCollector(), ProcessCollector(registry=scratch),
+                  PlatformCollector(registry=scratch), GCCollector(registry=scratch)]
         if self.forensics is not None:
-            self.registry.register(EvidenceCollector(self.forensics))
+            served.append(EvidenceCollector(self.forensics))
+        self.exposition = Exposition(served)
+        self.registry = self.exposition.registry
         self.server = None
 
     @staticmethod
-    def source_key(pattern: str, settings: config.Settings) -> tuple:
+    def source_key(pattern: str, options: Options) -> tuple:
         """What makes two sources the same: a reload keeps (and does not re-read) an unchanged one."""
-        return pattern, settings.source_format, settings.project, settings.experiment
+        return pattern, options.source_format, options.project, options.experiment
 
-    def _source(self, pattern: str, settings: config.Settings):
+    def _source(self, pattern: str, options: Options):
         from .sources import Source
 
-        fmt = "config" if pattern == self.settings.run_config else settings.source_format  # --run.config
-        return Source(pattern, self.store, fmt=fmt, project=settings.project, experiment=settings.experiment,
+        fmt = "config" if pattern == self.options.run_config else options.source_format  # --run.config
+        return Source(pattern, self.store, fmt=fmt, project=options.project, experiment=options.experiment,
                       open_files=self.open_files)
 
     def _collectors(self) -> dict:
-        settings = self.settings
+        options = self.options
         collectors = {}
         job = None
-        if settings.job_pid is not None or settings.job_match:
+        if options.job_pid is not None or options.job_match:
             from .job import JobSelector
 
-            job = self.job = JobSelector(pid=settings.job_pid, match=settings.job_match)
-        if settings.collector_training:
+            job = self.job = JobSelector(pid=options.job_pid, match=options.job_match)
+        if options.collector_training:
             from .collectors.training import TrainingCollector
 
             collectors["training"] = TrainingCollector(self.store)
-        if settings.collector_gpu:
+        if options.collector_gpu:
             from .collectors.gpu import GpuCollector
 
-            if settings.gpu_fake:
+            if options.gpu_fake:
                 from .fake_nvml import fake_backend_from_spec
 
                 try:
-                    self.gpu_backend = fake_backend_from_spec(settings.gpu_fake,
-                                                              pcie_throughput=settings.gpu_pcie_throughput)
+                    self.gpu_backend = fake_backend_from_spec(options.gpu_fake,
+                                                              pcie_throughput=options.gpu_pcie_throughput)
                 except ValueError as exc:
-                    raise config.ConfigError(f"--gpu.fake: {exc}") from None
+                    raise OptionsError(f"--gpu.fake: {exc}") from None
             else:
                 from .nvml import NvmlBackend
 
-                self.gpu_backend = NvmlBackend(pcie_throughput=settings.gpu_pcie_throughput)
-            collectors["gpu"] = GpuCollector(self.gpu_backend, job=job, timeout_seconds=settings.gpu_timeout)
+                self.gpu_backend = NvmlBackend(pcie_throughput=options.gpu_pcie_throughput)
+            collectors["gpu"] = GpuCollector(self.gpu_backend, job=job, timeout_seconds=options.gpu_timeout)
         from .collectors.node import NodeCollector
 
-        collectors["node"] = NodeCollector(self.store if settings.collector_training else None,
-                                           lambda: (self.settings.project, self.settings.experiment),
-                                           max_runs=lambda: self.settings.node_max_runs)
-        if settings.collector_host:
+        collectors["node"] = NodeCollector(self.store if options.collector_training else None,
+                                           lambda: (self.options.project, self.options.experiment),
+                                           max_runs=lambda: self.options.node_max_runs)
+        if options.collector_host:
             from .collectors.host import HostCollector
 
             collectors["host"] = HostCollector(job=job)
@@ -223,38 +231,38 @@ class Exporter:
         """Evidence on a stall, with the job, GPU backend and node runs the collectors use."""
         from .forensics import Forensics
 
-        settings, gpu = self.settings, None
+        options, gpu = self.options, None
         if self.gpu_backend is not None:
             from .collectors.gpu import GpuCollector
 
-            gpu = GpuCollector(self.gpu_backend, job=self.job, timeout_seconds=settings.gpu_timeout)
+            gpu = GpuCollector(self.gpu_backend, job=self.job, timeout_seconds=options.gpu_timeout)
         try:
             return Forensics(self.store, job=self.job, gpu=gpu, node_runs=node.runs, ready=self.ready,
-                             stall_after=settings.forensics_stall_after_seconds,
-                             interval=settings.forensics_check_interval_seconds,
-                             directory=settings.forensics_dir, retention=settings.forensics_retention)
+                             stall_after=options.forensics_stall_after,
+                             interval=options.forensics_check_interval,
+                             directory=options.forensics_dir, retention=options.forensics_retention)
         except OSError as exc:
-            raise config.ConfigError(f"--forensics.dir {settings.forensics_dir}: {exc.strerror or exc}") from None
+            raise OptionsError(f"--forensics.dir {options.forensics_dir}: {exc.strerror or exc}") from None
 
     def _start_simulation(self) -> str:
         from . import simulate
 
-        settings = self.settings
-        root = Path(settings.simulate_dir or tempfile.mkdtemp(prefix="verl-simulated-"))
-        suffix = "jsonl" if settings.simulate_format == "jsonl" else "log"
-        path = root / "demo" / f"{settings.simulate}.{suffix}"
-        if settings.simulate not in simulate.SCENARIOS:
-            raise config.ConfigError(
-                f"--simulate: unknown scenario {settings.simulate!r}; one of {', '.join(simulate.SCENARIOS)}")
+        options = self.options
+        root = Path(options.simulate_dir or tempfile.mkdtemp(prefix="verl-simulated-"))
+        suffix = "jsonl" if options.simulate_format == "jsonl" else "log"
+        path = root / "demo" / f"{options.simulate}.{suffix}"
+        if options.simulate not in simulate.SCENARIOS:
+            raise OptionsError(
+                f"--simulate: unknown scenario {options.simulate!r}; one of {', '.join(simulate.SCENARIOS)}")
         thread = threading.Thread(
             target=simulate.write_run, name="simulate", daemon=True,
-            args=(path, settings.simulate),
-            kwargs={"fmt": settings.simulate_format, "interval": settings.simulate_interval,
+            args=(path, options.simulate),
+            kwargs={"fmt": options.simulate_format, "interval": options.simulate_interval,
                     "stop_event": self.stop_event},
         )
         thread.start()
         self.threads.append(thread)
-        log.info("simulating a verl run (%s) in %s", settings.simulate, path)
+        log.info("simulating a verl run (%s) in %s", options.simulate, path)
         return str(path)
 
     def ready(self) -> bool:
@@ -263,15 +271,12 @@ class Exporter:
 
     def start(self, address: tuple[str, int]) -> None:
         """Listen first, then read the sources' backlogs in the background (/-/ready says when done)."""
-        if not self.ingestor.sources and self.settings.collector_training:
+        if not self.ingestor.sources and self.options.collector_training:
             log.warning("no --source given: serving GPU and host metrics only")
-        from .collectors.training_render import SharedRender
-
-        self.server, _ = serve(address, self.registry, self.settings.web_telemetry_path,
-                               ready=self.ready, web=self.web, render_text=SharedRender(self.registry),
+        self.server, _ = serve(address, self.exposition, self.options.web_telemetry_path, ready=self.ready, web=self.web,
                                evidence=self.forensics.evidence if self.forensics is not None else None)
         host, port = self.server.server_address[:2]
-        log.info("listening on %s:%s%s (%s)", host, port, self.settings.web_telemetry_path, self.web.describe())
+        log.info("listening on %s:%s%s (%s)", host, port, self.options.web_telemetry_path, self.web.describe())
         if self.ingestor.sources:
             log.info("reading what the sources hold")
         self.ingestor.start()
@@ -282,7 +287,7 @@ class Exporter:
 
     def reload(self) -> bool:
         """Read --config.file and --web.config.file again (SIGHUP). All or nothing: a file that does
-        not load is logged and the running settings are kept. The listener stays up."""
+        not load is logged and the running options are kept. The listener stays up."""
         from .reload import apply
 
         return apply(self)

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
+import functools
 import logging
 import socket
 import ssl
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
+from typing import Callable
 from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry, Metric
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
-
-from . import __version__
+from . import __version__, shipped
+from .exposition import Exposition
 from .web_config import WebConfig
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 10
 EVIDENCE_PATH = "/debug/evidence"
+RUNBOOK_PATH = "/runbook"  # the packaged RUNBOOK.md: the default base of every alert's runbook_url
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -32,18 +31,6 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"invalid listen address {address!r}: want [HOST]:PORT, e.g. :9945")
     return host.strip("[]"), int(port)
-
-
-def prefer_text_format(accept: str) -> str:
-    """The Accept header without its OpenMetrics types when it also takes the text format.
-
-    Serves the Prometheus text format to Prometheus, as node_exporter does: client_python's
-    OpenMetrics writer escapes every sample name character by character and takes about twice
-    as long for the same samples. A client that accepts only OpenMetrics still gets it.
-    """
-    parts = [part for part in accept.split(",") if part.split(";")[0].strip() != "application/openmetrics-text"]
-    takes_text = any(part.split(";")[0].strip() in ("text/plain", "*/*") for part in parts)
-    return ",".join(parts) if takes_text else accept
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -71,44 +58,19 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return gzip_q > 0 and gzip_q >= identity_q
 
 
-class NameFilter:
-    """The samples of ``registry`` named in ``names`` (``?name[]=...``, as client_python's server).
-
-    A family's own name selects all its samples too. Unlike ``restricted_registry``, this also
-    finds families that no collector describes up front, such as the training metrics.
-    """
-
-    def __init__(self, registry: CollectorRegistry, names: Iterable[str]):
-        self.registry = registry
-        self.names = set(names)
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self.registry.collect():
-            if family.name in self.names:
-                yield family
-                continue
-            samples = [sample for sample in family.samples if sample.name in self.names]
-            if samples:
-                kept = Metric(family.name, family.documentation, family.type, family.unit)
-                kept.samples = samples
-                yield kept
-
-
 class ExporterHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str,
+    def __init__(self, address: tuple[str, int], exposition: Exposition, telemetry_path: str,
                  ready: Callable[[], bool], web: WebConfig | None = None,
-                 render_text: Callable[[bool], bytes] | None = None,
                  evidence: Callable[[str, str], str | None] | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         if address[0] == "":
             self.address_family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-        self.registry = registry
+        self.exposition = exposition
         self.telemetry_path = telemetry_path
         self.ready = ready
-        self.render_text = render_text  # the whole text format (gzipped: True), shared by concurrent scrapes
         self.web = web or WebConfig()  # replaced whole on reload; each connection reads it once
         self.evidence = evidence  # (project, experiment) -> the run's evidence text, None if none; None: off
         super().__init__(address, _Handler)
@@ -163,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._metrics(query)
         elif path == "/-/healthy":
             self._reply(200, b"OK\n")
+        elif path == RUNBOOK_PATH:
+            self._reply(200, _runbook(), "text/markdown; charset=utf-8")
         elif path == "/-/ready":
             if self.server.ready():
                 self._reply(200, b"OK\n")
@@ -192,25 +156,16 @@ class _Handler(BaseHTTPRequestHandler):
         return bool(sep) and web.check_password(user, password)
 
     def _metrics(self, query: str) -> None:
-        try:
-            encoder, content_type = choose_encoder(prefer_text_format(self.headers.get("Accept", "")))
-        except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
-            encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
-        registry = self.server.registry
-        names = parse_qs(query).get("name[]")
-        if names:
-            registry = NameFilter(registry, names)
         headers = {"Vary": "Accept, Accept-Encoding"}
         compress = accepts_gzip(self.headers.get("Accept-Encoding", ""))
-        cached = encoder is generate_latest and not names and self.server.render_text is not None
         try:
-            body = self.server.render_text(compress) if cached else encoder(registry)
+            body, content_type = self.server.exposition.encode(self.headers.get("Accept", ""),
+                                                               parse_qs(query).get("name[]"), compress)
         except Exception:  # a broken collector must not kill the connection silently
             log.exception("scrape failed")
             self._reply(500, b"scrape failed; see the exporter's log\n", headers=headers)
             return
         if compress:
-            body = body if cached else gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         self._reply(200, body, content_type, headers)
 
@@ -252,6 +207,12 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
+@functools.lru_cache(maxsize=1)
+def _runbook() -> bytes:
+    """RUNBOOK.md as shipped in the package, read once."""
+    return shipped.runbook().read_bytes()
+
+
 def _landing_page(path: str) -> bytes:
     return (
         "<html><head><title>verl exporter</title></head><body><h1>verl exporter</h1>"
@@ -262,15 +223,13 @@ def _landing_page(path: str) -> bytes:
     ).encode()
 
 
-def serve(address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str = "/metrics",
+def serve(address: tuple[str, int], exposition: Exposition, telemetry_path: str = "/metrics",
           ready: Callable[[], bool] = lambda: True,
           web: WebConfig | None = None,
-          render_text: Callable[[bool], bytes] | None = None,
           evidence: Callable[[str, str], str | None] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
-    """Bind (OSError if the port is taken) and serve in a daemon thread. ``render_text``, when
-    given, renders the text format in place of client_python's writer (see training_render);
+    """Bind (OSError if the port is taken) and serve ``exposition`` in a daemon thread;
     ``evidence`` answers /debug/evidence (forensics)."""
-    server = ExporterHTTPServer(address, registry, telemetry_path, ready, web, render_text, evidence)
+    server = ExporterHTTPServer(address, exposition, telemetry_path, ready, web, evidence)
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread

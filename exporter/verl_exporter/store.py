@@ -407,11 +407,22 @@ class RunStore:
         return snapshot
 
     def run(self, key: RunKey) -> RunState | None:
-        """A copy of one run's state (as a snapshot has it), or None."""
-        for state in self.snapshot().runs:
-            if state.run == key:
-                return state
-        return None
+        """A copy of one run's state (as a snapshot has it), or None; copies no other run."""
+        with self._lock:
+            if key in self._unconverted:
+                self._convert(self._runs[key])
+                self._unconverted.discard(key)
+            state = self._runs.get(key)
+            state = state.copy() if state is not None else None
+        if state is not None:
+            self._fill_series(state)
+        return state
+
+    def unfinished_runs(self) -> list[RunKey]:
+        """The runs that have not finished (retention applied first); copies no run."""
+        with self._lock:
+            self._expire(self.clock())
+            return [key for key, state in self._runs.items() if not state.finished]
 
     def _convert(self, state: RunState) -> None:
         """Turn the run's values still held as text into floats; a value that is no number is

@@ -26,7 +26,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from servers import require_binary
-from verl_exporter.catalog import default_catalog, reserved_names
+from verl_exporter.catalog import default_catalog
+from verl_exporter.schema import reserved_names
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.sources import Source

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from hardening_helpers import metrics_when, value
 from promtool import check_metrics
 from servers import start_exporter
-from verl_exporter.catalog import default_catalog, reserved_names
+from verl_exporter.catalog import default_catalog
+from verl_exporter.schema import reserved_names
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.sources import Source
 from verl_exporter.store import RunStore

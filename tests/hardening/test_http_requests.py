@@ -116,12 +116,12 @@ def test_slow_clients_do_not_block_others(exporter):
 
 def test_a_stalled_request_is_dropped_after_the_request_timeout(monkeypatch):
     """In-process, with a short timeout: the slow connection is closed, the server answers others."""
-    from prometheus_client import CollectorRegistry
+    from verl_exporter.exposition import Exposition
 
     from verl_exporter import server as server_module
 
     monkeypatch.setattr(server_module._Handler, "timeout", 0.3)
-    http, _ = server_module.serve(("127.0.0.1", 0), CollectorRegistry())
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([]))
     try:
         port = http.server_address[1]
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -220,13 +220,11 @@ class _Failing:
 
 
 def test_a_failed_scrape_answers_a_generic_500_and_logs_the_detail(caplog):
-    from prometheus_client import CollectorRegistry
+    from verl_exporter.exposition import Exposition
 
     from verl_exporter import server as server_module
 
-    registry = CollectorRegistry()
-    registry.register(_Failing())
-    http, _ = server_module.serve(("127.0.0.1", 0), registry)
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Failing()]))
     try:
         reply = raw_request(http.server_address[1], b"GET /metrics HTTP/1.1\r\n\r\n")
     finally:
@@ -252,14 +250,12 @@ def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
     import logging
     import struct
 
-    from prometheus_client import CollectorRegistry
+    from verl_exporter.exposition import Exposition
 
     from verl_exporter import server as server_module
 
     caplog.set_level(logging.DEBUG, logger="verl_exporter.server")
-    registry = CollectorRegistry()
-    registry.register(_Big())
-    http, _ = server_module.serve(("127.0.0.1", 0), registry)
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Big()]))
     try:
         for _ in range(3):
             sock = socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10)

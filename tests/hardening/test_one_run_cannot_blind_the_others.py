@@ -5,12 +5,12 @@ any run whose families cannot be built (client_python's path and the render cach
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from verl_exporter.catalog import default_catalog
-from verl_exporter.collectors import training
+from verl_exporter.collectors import run_cache
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.collectors.training_render import render_text
+from verl_exporter.exposition import Exposition
 from verl_exporter.sources import Source
 from verl_exporter.store import RunStore
 
@@ -31,12 +31,18 @@ def _store(tmp_path):
     store = RunStore(default_catalog())
     for path in (hostile, plain):
         Source(str(path), store).poll()
-    registry = CollectorRegistry()
-    registry.register(TrainingCollector(store))
-    return store, registry
+    return store, Exposition([TrainingCollector(store)])
 
 
-@pytest.mark.parametrize("render", [generate_latest, render_text], ids=["client_python", "render_cache"])
+def client_python(exposition):
+    return generate_latest(exposition.registry)
+
+
+def text_parts(exposition):
+    return exposition.text()
+
+
+@pytest.mark.parametrize("render", [client_python, text_parts])
 def test_a_hostile_config_print_names_its_run_readably_and_blinds_no_other(tmp_path, render):
     _, registry = _store(tmp_path)
     text = render(registry).decode("utf-8")
@@ -46,7 +52,7 @@ def test_a_hostile_config_print_names_its_run_readably_and_blinds_no_other(tmp_p
     assert 'verl_exporter_parse_errors_total{source="' in text
 
 
-@pytest.mark.parametrize("render", [generate_latest, render_text], ids=["client_python", "render_cache"])
+@pytest.mark.parametrize("render", [client_python, text_parts])
 def test_a_run_whose_families_cannot_be_built_is_left_out_alone(tmp_path, monkeypatch, render):
     _, registry = _store(tmp_path)
     build = TrainingCollector.run_families
@@ -57,7 +63,7 @@ def test_a_run_whose_families_cannot_be_built_is_left_out_alone(tmp_path, monkey
         return build(self, state, logged)
 
     monkeypatch.setattr(TrainingCollector, "run_families", failing)
-    monkeypatch.setattr(training, "_WARNED_RUNS", set())
+    monkeypatch.setattr(run_cache, "_WARNED_RUNS", set())
     text = render(registry).decode("utf-8")
     assert 'experiment="plain"' in text and 'experiment="run"' not in text
     assert "verl_training_runs 2.0" in text

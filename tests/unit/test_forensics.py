@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import bcrypt
 import pytest
-from prometheus_client import CollectorRegistry
+from verl_exporter.exposition import Exposition
 
 from servers import http_get
-from verl_exporter import config
+from verl_exporter.options import OPTIONS, OptionsError, load_options
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.fake_nvml import GIB, FakeNvmlBackend
@@ -437,7 +437,7 @@ def test_evidence_files_are_written_when_a_dir_is_given(tmp_path):
 def evidence_server():
     hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))
     texts = {("gsm8k", "ppo-qwen"): "verl-exporter evidence\nsome text\n"}
-    server, _ = serve(("127.0.0.1", 0), CollectorRegistry(), web=WebConfig(users={"prometheus": hashed}),
+    server, _ = serve(("127.0.0.1", 0), Exposition([]), web=WebConfig(users={"prometheus": hashed}),
                       evidence=lambda project, experiment: texts.get((project, experiment)))
     yield f"http://127.0.0.1:{server.server_address[1]}", server
     server.shutdown()
@@ -480,13 +480,13 @@ def test_the_endpoint_when_forensics_is_off(evidence_server):
 
 
 def test_flags_and_their_defaults():
-    settings = config.load([])
-    assert settings.forensics is True and settings.forensics_stall_after_seconds == 600
-    assert settings.forensics_check_interval_seconds == 15 and settings.forensics_dir is None
+    settings = load_options([])
+    assert settings.forensics is True and settings.forensics_stall_after == 600
+    assert settings.forensics_check_interval == 15 and settings.forensics_dir is None
     assert settings.forensics_retention == 50
-    settings = config.load(["--no-forensics", "--forensics.stall-after", "1h", "--forensics.dir", "/tmp/x",
+    settings = load_options(["--no-forensics", "--forensics.stall-after", "1h", "--forensics.dir", "/tmp/x",
                             "--forensics.retention", "7"])
-    assert (settings.forensics, settings.forensics_stall_after_seconds, settings.forensics_dir,
+    assert (settings.forensics, settings.forensics_stall_after, settings.forensics_dir,
             settings.forensics_retention) == (False, 3600, "/tmp/x", 7)
 
 
@@ -498,14 +498,14 @@ def test_flags_and_their_defaults():
     (["--web.telemetry-path", "/debug/evidence"], "cannot be /debug/evidence"),
 ])
 def test_bad_flags(argv, message):
-    with pytest.raises(config.ConfigError, match=message):
-        config.load(argv)
+    with pytest.raises(OptionsError, match=message):
+        load_options(argv)
 
 
 def test_the_readme_documents_every_forensics_flag():
     readme = (REPO / "README.md").read_text()
     assert "## When a run stops" in readme
-    for option in config.OPTIONS:
+    for option in OPTIONS:
         if option.flag.startswith("forensics"):
             assert f"`--{option.flag}`" in readme or f"`--[no-]{option.flag}`" in readme, option.flag
 
@@ -525,7 +525,7 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     from prometheus_client import CollectorRegistry, generate_latest
 
     from verl_exporter.collectors.evidence import EvidenceCollector
-    from verl_exporter.collectors.own import own_names
+    from verl_exporter.schema import reserved_names
     from verl_exporter.records import RunKey
 
     class Captured:
@@ -538,7 +538,7 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     assert 'verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k"} 1.0' in text
     assert 'verl_evidence_captured_timestamp_seconds{experiment="denied",project="gsm8k"} 2000.0' in text
     assert 'frame=""' not in text
-    assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= own_names()
+    assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= reserved_names()
 
 
 def test_a_checkpoint_save_under_way_is_no_stall_up_to_the_rules_ceiling():

@@ -9,10 +9,11 @@ import itertools
 from exposition import scrape
 from promtool import check_metrics
 from verl_exporter import catalog as catalog_module
-from verl_exporter.catalog import LOGGED_PREFIX, PREFIX, default_catalog, default_name, reserved_names
+from verl_exporter import schema
+from verl_exporter.catalog import LOGGED_PREFIX, PREFIX, default_catalog, default_name
+from verl_exporter.schema import reserved_names
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.collectors.host import HostCollector
-from verl_exporter.collectors.own import own_families
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.fake_nvml import FakeNvmlBackend
 from verl_exporter.records import Record, RunKey
@@ -40,15 +41,14 @@ def keys_named(name: str) -> set[str]:
     return keys
 
 
-def test_the_reserved_names_come_from_what_the_collectors_serve():
-    families = {family.name for family in own_families()}
+def test_the_reserved_names_are_the_schemas_with_every_sample_name():
+    families = {family.name for family in schema.families()}
     for expected in ("verl_gpus", "verl_gpu_memory_used_bytes", "verl_host_memory_used_bytes", "verl_job_running",
                      "verl_job_resident_memory_bytes", "verl_training_last_step_timestamp_seconds",
                      "verl_training_steps_ingested", "verl_exporter_collector_duration_seconds",
-                     "verl_exporter_source_up", "verl_exporter_build_info", "process_cpu_seconds", "python_info"):
+                     "verl_exporter_source_up", "verl_exporter_build_info", "verl_node_run_info"):
         assert expected in families
-    assert {"verl_training_steps_ingested_total", "verl_training_steps_ingested_created",
-            "process_cpu_seconds_total", "python_gc_objects_collected_total"} <= OWN
+    assert {"verl_training_steps_ingested_total", "verl_training_steps_ingested_created"} <= OWN
     # Every family a configured collector describes is among them.
     described = [*GpuCollector(FakeNvmlBackend(), timeout_seconds=None).describe(), *HostCollector().describe(),
                  *TrainingCollector(RunStore(CATALOG)).describe()]
@@ -56,14 +56,14 @@ def test_the_reserved_names_come_from_what_the_collectors_serve():
 
 
 def test_everything_the_exporter_registers_is_reserved(tmp_path):
-    """Drift guard: a collector cli.py registers, and did not tell own.py of, would fail here."""
-    from verl_exporter import config
+    """Drift guard: a family cli.py serves that the schema does not list would fail here."""
+    from verl_exporter.options import load_options
     from verl_exporter.cli import Exporter
 
     run = tmp_path / "gsm8k" / "ppo.jsonl"
     run.parent.mkdir()
     run.write_text('{"step": 1, "data": {"actor/pg_loss": 0.5}}\n')
-    exporter = Exporter(config.load(["--source", str(run), "--gpu.fake", "healthy:1", "--job.pid", "1"]))
+    exporter = Exporter(load_options(["--source", str(run), "--gpu.fake", "healthy:1", "--job.pid", "1"]))
     try:
         exporter.ingestor.poll_all()
         served = {sample.name for family in exporter.registry.collect() for sample in family.samples}
@@ -72,7 +72,8 @@ def test_everything_the_exporter_registers_is_reserved(tmp_path):
         for source in exporter.sources.values():
             source.close()
     assert "verl_gpu_up" in served and "verl_job_running" in served and "verl_actor_pg_loss" in served
-    own = {name for name in served | described if name != "verl_actor_pg_loss"}
+    assert "process_cpu_seconds_total" in served  # client_python's, which no logged key (verl_...) can take
+    own = {name for name in served | described if name.startswith("verl_") and name != "verl_actor_pg_loss"}
     assert own - OWN == set()
 
 

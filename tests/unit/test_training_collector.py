@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
+from verl_exporter import shipped
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
@@ -111,7 +112,7 @@ def test_orjson_null_in_a_filelogger_file_is_served_as_nan_and_counted(tmp_path)
     assert values[("verl_training_nonfinite_values_total",
                    (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 1
     # ... and VerlTrainingNonFinite selects that series.
-    rules = yaml.safe_load((Path(__file__).parents[2] / "alerts" / "verl-operations.rules.yml").read_text())
+    rules = yaml.safe_load((shipped.rules_dir() / "verl-operations.rules.yml").read_text())
     expr = next(rule["expr"] for group in rules["groups"] for rule in group["rules"]
                 if rule.get("alert") == "VerlTrainingNonFinite")
     selector = re.search(r'verl_training_nonfinite_values_total\{key=~"([^"]+)"\}', expr).group(1)

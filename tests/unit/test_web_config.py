@@ -9,11 +9,12 @@ import socket
 import ssl
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Gauge
 
 from certs import PASSWORD, make_pki, password_hash, write_web_config
 from verl_exporter import server as server_module
 from verl_exporter import web_config
+from verl_exporter.exposition import Exposition
 from verl_exporter.web_config import WebConfigError
 
 ENDPOINTS = {"/metrics": 200, "/-/healthy": 200, "/-/ready": 200, "/": 200, "/nothing-here": 404}
@@ -36,9 +37,9 @@ def tls_section(pki, **extra) -> dict:
 @pytest.fixture(scope="module")
 def http_server():
     """One server for the module; each test gives it its web config, as a reload does."""
-    registry = CollectorRegistry()
-    Gauge("verl_test_value", "A test gauge.", registry=registry).set(1)
-    http, _ = server_module.serve(("127.0.0.1", 0), registry)
+    gauge = Gauge("verl_test_value", "A test gauge.", registry=None)
+    gauge.set(1)
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([gauge]))
     yield http
     http.shutdown()
     http.server_close()

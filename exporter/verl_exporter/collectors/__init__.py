@@ -22,7 +22,10 @@ from itertools import chain
 from operator import attrgetter
 from typing import Callable, Iterable, Protocol
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from .. import schema
+from ..exposition import Part, family_text
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +52,31 @@ class CollectorRunner:
         yield from self._status_families()
 
     def collect(self) -> Iterable[Metric]:
-        success = {}
-        duration = {}
+        return self._run(_families)
+
+    def text_parts(self) -> list[Part]:
+        """What ``collect()`` gives, in the text format: a collector that keeps its text
+        (``text_parts()``) hands over its parts, the others' families are rendered here."""
+        return self._run(_parts)
+
+    def _run(self, produce: Callable) -> list:
+        """``produce(collector)`` of every collector, then the report on each; a collector that
+        fails gives nothing but its report."""
+        out: list = []
+        success, duration = {}, {}
         for name, collector in self.collectors.items():
             started = self._clock()
             try:
-                families = list(collector.collect())
-                check_renderable(families)
+                produced = produce(collector)
                 error = getattr(collector, "last_error", None)
             except Exception as exc:  # one collector must never fail the scrape
-                families, error = [], f"{type(exc).__name__}: {exc}"
+                produced, error = [], f"{type(exc).__name__}: {exc}"
             duration[name] = self._clock() - started
             success[name] = 0.0 if error else 1.0
             self._log_change(name, error)
-            yield from families
-        yield from self._status_families(success, duration)
+            out += produced
+        status = self._status_families(success, duration)
+        return out + (status if produce is _families else [Part(family_text(family)) for family in status])
 
     def _log_change(self, name: str, error: str | None) -> None:
         """Log once when a collector starts failing and once when it recovers, not every scrape."""
@@ -75,21 +88,24 @@ class CollectorRunner:
             log.info("collector %s recovered", name)
 
     @staticmethod
-    def _status_families(success: dict | None = None, duration: dict | None = None):
-        ok = GaugeMetricFamily(
-            "verl_exporter_collector_success",
-            "Whether the collector succeeded on this scrape (1) or failed (0).",
-            labels=["collector"],
-        )
-        took = GaugeMetricFamily(
-            "verl_exporter_collector_duration_seconds",
-            "How long the collector took on this scrape.",
-            labels=["collector"],
-        )
+    def _status_families(success: dict | None = None, duration: dict | None = None) -> list[Metric]:
+        ok, took = schema.RUNNER["success"].new(), schema.RUNNER["duration"].new()
         for name, value in (success or {}).items():
             ok.add_metric([name], value)
             took.add_metric([name], duration[name])
         return [ok, took]
+
+
+def _families(collector: Collector) -> list[Metric]:
+    families = list(collector.collect())
+    check_renderable(families)
+    return families
+
+
+def _parts(collector: Collector) -> list[Part]:
+    if hasattr(collector, "text_parts"):
+        return collector.text_parts()
+    return [Part(family_text(family)) for family in _families(collector)]
 
 
 def check_renderable(families: list[Metric]) -> None:

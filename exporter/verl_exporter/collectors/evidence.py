@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-LABELS = ["project", "experiment"]
+from .. import schema
 
 
 class EvidenceCollector:
@@ -35,12 +35,5 @@ class EvidenceCollector:
         return [family for family in (captured, frames) if family.samples]
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
-        return (
-            GaugeMetricFamily("verl_evidence_captured_timestamp_seconds",
-                              "Unix time of the latest evidence captured of the run's stop (/debug/evidence).",
-                              labels=LABELS),
-            GaugeMetricFamily("verl_evidence_top_frame_info",
-                              "The innermost frame of the job's first thread in the run's latest evidence "
-                              "(py-spy), where it hangs.", labels=LABELS + ["frame"]),
-        )
+    def _families() -> tuple[Metric, Metric]:
+        return schema.EVIDENCE["captured"].new(), schema.EVIDENCE["top_frame"].new()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import platform
 from typing import Iterable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from .. import __version__
+from .. import __version__, schema
 
 
 class ExporterCollector:
@@ -22,10 +22,6 @@ class ExporterCollector:
         return self.collect()
 
     def collect(self) -> Iterable[Metric]:
-        info = GaugeMetricFamily(
-            "verl_exporter_build_info",
-            "The exporter's version and Python version; always 1.",
-            labels=["version", "python_version"],
-        )
+        info = schema.EXPORTER["build_info"].new()
         info.add_metric([__version__, platform.python_version()], 1.0)
         yield info

@@ -6,35 +6,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from .. import schema
 from ..job import JobSelector
-from ..nvml import CLOCK_EVENT_REASONS, REMAPPED_ROW_STATES, GpuReading, NvmlUnavailable
-
-GPU = ["gpu", "uuid"]
-
-# name: (HELP, GpuReading attribute); all gauges labelled gpu, uuid.
-READING_GAUGES = {
-    "verl_gpu_memory_total_bytes": ("Total GPU memory.", "memory_total_bytes"),
-    "verl_gpu_memory_used_bytes": ("GPU memory in use.", "memory_used_bytes"),
-    "verl_gpu_memory_free_bytes": ("GPU memory free.", "memory_free_bytes"),
-    "verl_gpu_memory_reserved_bytes": ("GPU memory the driver reserves (memory info v2).", "memory_reserved_bytes"),
-    "verl_gpu_utilization_ratio": ("Share of the last sample period a kernel ran (0-1).", "utilization_ratio"),
-    "verl_gpu_memory_utilization_ratio": (
-        "Share of the last sample period device memory was read or written (0-1); not memory used.",
-        "memory_utilization_ratio",
-    ),
-    "verl_gpu_temperature_celsius": ("GPU core temperature.", "temperature_celsius"),
-    "verl_gpu_power_watts": ("GPU power draw.", "power_watts"),
-    "verl_gpu_power_limit_watts": ("Power limit the driver enforces on the GPU.", "power_limit_watts"),
-    "verl_gpu_sm_clock_hertz": ("Current SM clock.", "sm_clock_hertz"),
-    "verl_gpu_memory_clock_hertz": ("Current memory clock.", "memory_clock_hertz"),
-}
-READING_COUNTERS = {
-    "verl_gpu_energy_joules": ("Energy the GPU used since the driver was loaded.", "energy_joules"),
-    "verl_gpu_pcie_replay_errors": ("PCIe link retransmissions since the driver was loaded.", "pcie_replay_errors"),
-}
-
+from ..nvml import GpuReading, NvmlUnavailable
 
 @dataclass
 class GpuSnapshot:
@@ -79,7 +55,7 @@ class GpuCollector:
                       cuda_driver_version="12.4",pci_bus_id="00000000:18:00.0"} 1.0
         # HELP verl_gpu_up Whether the GPU answers NVML (1) or is lost (0).
         # TYPE verl_gpu_up gauge
-        # TYPE verl_gpu_memory_used_bytes gauge          (and the other READING_GAUGES)
+        # TYPE verl_gpu_memory_used_bytes gauge          (and the other schema.GPU_READINGS)
         # TYPE verl_gpu_energy_joules_total counter      (and verl_gpu_pcie_replay_errors_total)
         # TYPE verl_gpu_clock_event_active gauge         {reason="hw_thermal_slowdown"} 0/1
         # TYPE verl_gpu_ecc_errors_total counter         {type="corrected"|"uncorrected"}
@@ -148,33 +124,33 @@ class GpuCollector:
 
     def _build(self, snap: GpuSnapshot) -> dict[str, Metric]:
         fams = self._families()
-        fams["verl_gpus"].add_metric([], snap.count)
+        fams["gpus"].add_metric([], snap.count)
         uuids = {r.index: r.uuid or "" for r in snap.readings}
         for r in snap.readings:
             gpu = [str(r.index), uuids[r.index]]
             info = [r.name or "", snap.driver_version or "", snap.cuda_driver_version or "", r.pci_bus_id or ""]
-            fams["verl_gpu_info"].add_metric(gpu + info, 1.0)
-            fams["verl_gpu_up"].add_metric(gpu, 1.0 if r.up else 0.0)
-            for name, (_, attr) in {**READING_GAUGES, **READING_COUNTERS}.items():
-                value = getattr(r, attr)
+            fams["info"].add_metric(gpu + info, 1.0)
+            fams["up"].add_metric(gpu, 1.0 if r.up else 0.0)
+            for attribute in schema.GPU_READINGS:
+                value = getattr(r, attribute)
                 if value is not None:
-                    fams[name].add_metric(gpu, value)
+                    fams[attribute].add_metric(gpu, value)
             for reason, active in (r.clock_event_reasons or {}).items():
-                fams["verl_gpu_clock_event_active"].add_metric(gpu + [reason], 1.0 if active else 0.0)
+                fams["clock_event_active"].add_metric(gpu + [reason], 1.0 if active else 0.0)
             for kind, count in (r.ecc_errors or {}).items():
-                fams["verl_gpu_ecc_errors"].add_metric(gpu + [kind], count)
+                fams["ecc_errors"].add_metric(gpu + [kind], count)
             for kind, count in (r.ecc_volatile_errors or {}).items():
-                fams["verl_gpu_ecc_volatile_errors"].add_metric(gpu + [kind], count)
+                fams["ecc_volatile_errors"].add_metric(gpu + [kind], count)
             for state, rows in (r.remapped_rows or {}).items():
-                fams["verl_gpu_remapped_rows"].add_metric(gpu + [state], rows)
+                fams["remapped_rows"].add_metric(gpu + [state], rows)
             for direction, rate in (r.pcie_throughput_bytes_per_second or {}).items():
-                fams["verl_gpu_pcie_throughput_bytes_per_second"].add_metric(gpu + [direction], rate)
+                fams["pcie_throughput"].add_metric(gpu + [direction], rate)
         for (index, xid), count in sorted(snap.xid_counts.items()):
-            fams["verl_gpu_xid_errors"].add_metric([str(index), uuids.get(index, ""), str(xid)], count)
+            fams["xid_errors"].add_metric([str(index), uuids.get(index, ""), str(xid)], count)
         for index, procs in sorted(snap.processes.items()):
             for pid, used in procs:
                 if used is not None:
-                    fams["verl_gpu_process_memory_bytes"].add_metric([str(index), uuids[index], str(pid)], used)
+                    fams["process_memory"].add_metric([str(index), uuids[index], str(pid)], used)
         if self.job is not None:
             self._add_job(fams, snap)
         return fams
@@ -186,60 +162,13 @@ class GpuCollector:
             mine = [used for pid, used in procs if pid in pids]
             gpus += 1 if mine else 0
             used_bytes += sum(used or 0 for used in mine)
-        fams["verl_job_gpu_memory_bytes"].add_metric([], used_bytes)
-        fams["verl_job_gpus"].add_metric([], gpus)
+        fams["job_memory"].add_metric([], used_bytes)
+        fams["job_gpus"].add_metric([], gpus)
 
     def _families(self) -> dict[str, Metric]:
-        """Fresh, empty families for every series this collector can emit."""
-        fams: dict[str, Metric] = {
-            # not verl_gpu_count: promtool's linter rejects a _count suffix outside histograms/summaries
-            "verl_gpus": GaugeMetricFamily("verl_gpus", "Number of GPUs NVML sees."),
-            "verl_gpu_info": GaugeMetricFamily(
-                "verl_gpu_info",
-                "GPU identity; always 1.",
-                labels=GPU + ["name", "driver_version", "cuda_driver_version", "pci_bus_id"],
-            ),
-            "verl_gpu_up": GaugeMetricFamily(
-                "verl_gpu_up", "Whether the GPU answers NVML (1) or is lost (0).", labels=GPU
-            ),
-        }
-        for name, (text, _) in READING_GAUGES.items():
-            fams[name] = GaugeMetricFamily(name, text, labels=GPU)
-        for name, (text, _) in READING_COUNTERS.items():
-            fams[name] = CounterMetricFamily(name, text, labels=GPU)
-        fams["verl_gpu_clock_event_active"] = GaugeMetricFamily(
-            "verl_gpu_clock_event_active",
-            "Whether a clock event reason (throttling cause) is active (1) or not (0); "
-            f"reasons: {', '.join(CLOCK_EVENT_REASONS)}.",
-            labels=GPU + ["reason"],
-        )
-        fams["verl_gpu_ecc_errors"] = CounterMetricFamily(
-            "verl_gpu_ecc_errors", "ECC memory errors over the GPU's lifetime (aggregate).", labels=GPU + ["type"]
-        )
-        fams["verl_gpu_ecc_volatile_errors"] = CounterMetricFamily(
-            "verl_gpu_ecc_volatile_errors", "ECC memory errors since the driver was loaded.", labels=GPU + ["type"]
-        )
-        fams["verl_gpu_remapped_rows"] = GaugeMetricFamily(
-            "verl_gpu_remapped_rows",
-            f"Memory rows remapped, by state ({', '.join(REMAPPED_ROW_STATES)}); failure 1: remapping failed.",
-            labels=GPU + ["state"],
-        )
-        fams["verl_gpu_pcie_throughput_bytes_per_second"] = GaugeMetricFamily(
-            "verl_gpu_pcie_throughput_bytes_per_second",
-            "PCIe throughput over the last 20 ms sample (only when PCIe sampling is enabled).",
-            labels=GPU + ["direction"],
-        )
-        fams["verl_gpu_xid_errors"] = CounterMetricFamily(
-            "verl_gpu_xid_errors", "XID critical errors reported since the exporter started.", labels=GPU + ["xid"]
-        )
-        fams["verl_gpu_process_memory_bytes"] = GaugeMetricFamily(
-            "verl_gpu_process_memory_bytes", "GPU memory used by a compute process.", labels=GPU + ["pid"]
-        )
+        """Fresh, empty families for every series this collector can emit (schema.GPUS, and
+        schema.JOB_GPUS with a job selector)."""
+        fams: dict[str, Metric] = {key: family.new() for key, family in schema.GPUS.items()}
         if self.job is not None:
-            fams["verl_job_gpu_memory_bytes"] = GaugeMetricFamily(
-                "verl_job_gpu_memory_bytes", "GPU memory used by the training job's processes, all GPUs."
-            )
-            fams["verl_job_gpus"] = GaugeMetricFamily(
-                "verl_job_gpus", "Number of GPUs on which the training job has a process."
-            )
+            fams.update((f"job_{key}", family.new()) for key, family in schema.JOB_GPUS.items())
         return fams

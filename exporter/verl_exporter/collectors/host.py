@@ -5,29 +5,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from .. import schema
 from ..job import JobSelector
-
-HOST_GAUGES = {
-    "verl_host_cpu_utilization_ratio": "Busy share of all CPUs since the previous scrape (0-1).",
-    "verl_host_cpus": "Number of logical CPUs.",
-    "verl_host_load1": "1-minute load average.",
-    "verl_host_load5": "5-minute load average.",
-    "verl_host_load15": "15-minute load average.",
-    "verl_host_memory_total_bytes": "Total physical memory.",
-    "verl_host_memory_available_bytes": "Memory available to new processes without swapping.",
-    "verl_host_memory_used_bytes": "Memory in use (psutil's definition: total minus free, buffers and cache).",
-    "verl_host_swap_total_bytes": "Total swap space.",
-    "verl_host_swap_used_bytes": "Swap space in use.",
-}
-JOB_GAUGES = {
-    "verl_job_processes": "Number of live processes of the training job (the root process and its children).",
-    "verl_job_resident_memory_bytes": "Resident memory (RSS) summed over the training job's processes.",
-    "verl_job_threads": "Threads summed over the training job's processes.",
-    "verl_job_open_fds": "Open file descriptors summed over the training job's processes.",
-}
-
 
 class HostCollector:
     """Host stats from psutil; job stats when a ``JobSelector`` is configured.
@@ -62,18 +43,18 @@ class HostCollector:
     def collect(self) -> Iterable[Metric]:
         ps = self._psutil
         host = self._host_families()
-        host["verl_host_cpu_utilization_ratio"].add_metric([], ps.cpu_percent(None) / 100.0)
+        host["cpu_utilization"].add_metric([], ps.cpu_percent(None) / 100.0)
         for mode, seconds in ps.cpu_times()._asdict().items():
-            host["verl_host_cpu_seconds_total"].add_metric([mode], seconds)
-        host["verl_host_cpus"].add_metric([], ps.cpu_count(logical=True) or 0)
-        for name, value in zip(("verl_host_load1", "verl_host_load5", "verl_host_load15"), ps.getloadavg()):
+            host["cpu_seconds"].add_metric([mode], seconds)
+        host["cpus"].add_metric([], ps.cpu_count(logical=True) or 0)
+        for name, value in zip(("load1", "load5", "load15"), ps.getloadavg()):
             host[name].add_metric([], value)
         memory, swap = ps.virtual_memory(), ps.swap_memory()
-        host["verl_host_memory_total_bytes"].add_metric([], memory.total)
-        host["verl_host_memory_available_bytes"].add_metric([], memory.available)
-        host["verl_host_memory_used_bytes"].add_metric([], memory.used)
-        host["verl_host_swap_total_bytes"].add_metric([], swap.total)
-        host["verl_host_swap_used_bytes"].add_metric([], swap.used)
+        host["memory_total"].add_metric([], memory.total)
+        host["memory_available"].add_metric([], memory.available)
+        host["memory_used"].add_metric([], memory.used)
+        host["swap_total"].add_metric([], swap.total)
+        host["swap_used"].add_metric([], swap.used)
         yield from host.values()
         if self.job is not None:
             yield from self._collect_job()
@@ -82,14 +63,14 @@ class HostCollector:
         families = self._job_families()
         processes = self.job.processes()
         totals = self._job_totals(processes)
-        families["verl_job_running"].add_metric([], 1.0 if totals["processes"] else 0.0)
-        families["verl_job_processes"].add_metric([], totals["processes"])
+        families["running"].add_metric([], 1.0 if totals["processes"] else 0.0)
+        families["processes"].add_metric([], totals["processes"])
         if totals["processes"]:
-            families["verl_job_resident_memory_bytes"].add_metric([], totals["rss"])
-            families["verl_job_cpu_seconds_total"].add_metric([], totals["cpu"])
-            families["verl_job_threads"].add_metric([], totals["threads"])
+            families["resident_memory"].add_metric([], totals["rss"])
+            families["cpu_seconds"].add_metric([], totals["cpu"])
+            families["threads"].add_metric([], totals["threads"])
             if totals["fds"] is not None:
-                families["verl_job_open_fds"].add_metric([], totals["fds"])
+                families["open_fds"].add_metric([], totals["fds"])
         return families.values()
 
     def _job_totals(self, processes: list) -> dict:
@@ -124,22 +105,8 @@ class HostCollector:
 
     @staticmethod
     def _host_families() -> dict[str, Metric]:
-        families: dict[str, Metric] = {name: GaugeMetricFamily(name, text) for name, text in HOST_GAUGES.items()}
-        families["verl_host_cpu_seconds_total"] = CounterMetricFamily(
-            "verl_host_cpu_seconds", "CPU time spent in each mode, summed over all CPUs.", labels=["mode"]
-        )
-        return families
+        return {key: family.new() for key, family in schema.HOST.items()}
 
     @staticmethod
     def _job_families() -> dict[str, Metric]:
-        families: dict[str, Metric] = {
-            "verl_job_running": GaugeMetricFamily(
-                "verl_job_running", "Whether the training job has a live process (1) or not (0)."
-            ),
-            "verl_job_cpu_seconds_total": CounterMetricFamily(
-                "verl_job_cpu_seconds",
-                "CPU time (user + system) of the job's live processes; drops when a process exits.",
-            ),
-        }
-        families.update({name: GaugeMetricFamily(name, text) for name, text in JOB_GAUGES.items()})
-        return families
+        return {key: family.new() for key, family in schema.JOB.items()}

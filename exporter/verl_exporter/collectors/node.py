@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from .. import schema
 from ..store import RunStore
 
 
@@ -31,12 +32,7 @@ class NodeCollector:
         self.max_runs = max_runs
 
     def describe(self) -> Iterable[Metric]:
-        return [self._family()]
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily("verl_node_run_info", "The runs whose job uses this node's GPUs and host; always 1.",
-                                 labels=["project", "experiment"])
+        return [schema.NODE["run_info"].new()]
 
     def runs(self) -> list[tuple[str, str]]:
         """The (project, experiment) pairs this node serves, sorted."""
@@ -45,14 +41,13 @@ class NodeCollector:
         if project and experiment:
             runs.add((project, experiment))
         if self.store is not None:
-            followed = {(state.run.project, state.run.experiment) for state in self.store.snapshot().runs
-                        if not state.finished}
+            followed = {(run.project, run.experiment) for run in self.store.unfinished_runs()}
             if len(followed) <= self.max_runs():
                 runs.update(followed)
         return sorted(runs)
 
     def collect(self) -> Iterable[Metric]:
-        family = self._family()
+        family = schema.NODE["run_info"].new()
         for project, experiment in self.runs():
             family.add_metric([project, experiment], 1.0)
         yield family

@@ -49,85 +49,83 @@ run cap), ``verl_training_run_cap_reached`` (1 while it refuses) and
 
 from __future__ import annotations
 
-import logging
+import threading
 from typing import Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .. import run_settings
+from .. import run_settings, schema
+from ..exposition import Part
+from ..store import RunState, RunStore, StoreSnapshot
 from . import check_renderable
-from ..store import RunStore
+from .run_cache import RunCache
+from .training_text import RunText
 
-log = logging.getLogger(__name__)
-RUN_LABELS = ["project", "experiment"]
-_WARNED_RUNS: set = set()  # runs whose families could not be built, warned about once (bounded)
-# Per-run families served only where some run has a sample (no empty HELP and TYPE for them).
-OPTIONAL_FAMILIES = ("finished_time", "total_steps", "config", "config_info", "log_errors", "checkpoint_saving",
-                     "checkpoint_started", "checkpoint_step", "checkpoint_seconds")
-
-
-def unrenderable(run, exc: Exception) -> None:
-    """Log, once per run, that the run's families could not be built; it is left out of the scrape."""
-    if run not in _WARNED_RUNS and len(_WARNED_RUNS) < 1000:
-        _WARNED_RUNS.add(run)
-        log.warning("run %r left out of /metrics: its values cannot be served (%s: %s)", run, type(exc).__name__,
-                    str(exc)[:200])
+RUN_LABELS = list(schema.RUN)
 
 
 class TrainingCollector:
-    """The training families. ``collect()`` hands them over as client_python families; inside
-    ``training_render.render_text`` it hands over one family already rendered, from a cache that
-    formats each run once per change (see ``training_render``)."""
+    """The training families, from one table of what a run exports (``run_families``).
+
+    ``collect()`` hands them over as client_python families (OpenMetrics, ``name[]``);
+    ``text_parts()`` as text parts from a cache that formats each run once per change. Both keep
+    what they made of each run until the run changes, so a scrape of an unchanged store copies no run.
+    """
 
     def __init__(self, store: RunStore):
-        from .training_render import RunRenderCache
-
         self.store = store
-        self.cache = RunRenderCache(self)
+        self._lock = threading.Lock()
+        self._families = RunCache(store, self._checked_run_families)
+        self._text = RunText(self)
 
     def describe(self) -> Iterable[Metric]:
-        return self._families().values()
+        return [*self.new_run_families().values(), *self.new_store_families().values()]
 
-    def _families(self) -> dict[str, Metric]:
-        families = self._run_families()
-        families["config_info"] = GaugeMetricFamily(
-            "verl_run_config_info", "The run's string settings (verl's config) as labels.",
-            labels=RUN_LABELS + run_settings.info_labels(self.store.catalog))
-        return families
+    def new_run_families(self) -> dict[str, Metric]:
+        """Empty per-run families, by schema key (``verl_run_config_info`` with the catalog's labels)."""
+        info_labels = run_settings.info_labels(self.store.catalog)
+        return {key: family.new(info_labels if key == "config_info" else ())
+                for key, family in schema.TRAINING_RUN.items()}
+
+    @staticmethod
+    def new_store_families() -> dict[str, Metric]:
+        """Empty exporter-wide families of the store, by schema key."""
+        return {key: family.new() for key, family in schema.TRAINING_STORE.items()}
+
+    def text_parts(self) -> list[Part]:
+        return self._text.parts()
 
     def collect(self) -> Iterable[Metric]:
-        from .training_render import PRERENDER
-
-        if PRERENDER.get():
-            yield self.cache.render()
-            return
-        snapshot = self.store.snapshot()
-        families = self._families()
-        logged: dict[str, GaugeMetricFamily] = {}
-        for state in sorted(snapshot.runs, key=lambda s: s.run):
-            try:
-                run = self.run_families(state)
-                check_renderable(list(run.values()))
-            except Exception as exc:  # what one run logged never fails the others' families
-                unrenderable(state.run, exc)
-                continue
+        with self._lock:
+            snapshot, _ = self._families.update()
+            runs = self._families.in_order()
+        merged: dict[str, Metric] = {}
+        logged: dict[str, Metric] = {}
+        for run in runs:
             for key, family in run.items():
-                if key.startswith("verl_"):
-                    if logged.setdefault(key, family) is not family:
-                        logged[key].samples += family.samples
-                else:
-                    families[key].samples += family.samples
-        self.add_store_families(families, snapshot)
-        for name in OPTIONAL_FAMILIES:
-            if not families[name].samples:
-                del families[name]
-        yield from families.values()
-        yield from (logged[name] for name in sorted(logged))
+                into = logged if key.startswith("verl_") else merged
+                found = into.get(key)
+                if found is None:
+                    found = into[key] = Metric(family.name, family.documentation, family.type, family.unit)
+                found.samples += family.samples
+        families = self.new_run_families()
+        for key in list(families):
+            if key in merged:
+                families[key] = merged[key]
+            elif schema.TRAINING_RUN[key].optional:
+                del families[key]
+        store = self.store_families(snapshot)
+        return [*families.values(), *store.values(), *(logged[name] for name in sorted(logged))]
 
-    def run_families(self, state, logged: bool = True) -> dict[str, Metric]:
-        """One run's families: the per-run ones by key (``last_step``, ...), the logged series by
-        metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
-        families = self._families()
+    def _checked_run_families(self, state: RunState) -> dict[str, Metric]:
+        families = self.run_families(state)
+        check_renderable(list(families.values()))
+        return families
+
+    def run_families(self, state: RunState, logged: bool = True) -> dict[str, Metric]:
+        """One run's families: the per-run ones by schema key (``last_step``, ...), the logged series
+        by metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
+        families = self.new_run_families()
         info_labels = run_settings.info_labels(self.store.catalog)
         run = [state.run.project, state.run.experiment]
         if state.last_step is not None:
@@ -169,97 +167,18 @@ class TrainingCollector:
             family.add_metric(run + list(label_values), value)
         return out
 
-    @staticmethod
-    def add_store_families(families: dict[str, Metric], snapshot) -> None:
+    def store_families(self, snapshot: StoreSnapshot) -> dict[str, Metric]:
         """The exporter-wide families of the store: parse errors, dropped values, sources, runs."""
+        families = self.new_store_families()
         for source, count in sorted(snapshot.parse_errors.items()):
             families["parse_errors"].add_metric([source], count)
         for (source, reason), count in sorted(snapshot.values_dropped.items()):
             families["values_dropped"].add_metric([source, reason], count)
         for source, reason in sorted(snapshot.sources.items()):
             families["source_up"].add_metric([source], 0.0 if reason else 1.0)
-        families["runs"].add_metric([], len(snapshot.versions))
+        families["runs"].add_metric([], len(snapshot.versions or {}))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
         for reason in ("finished", "idle", "no_step"):
             families["runs_expired"].add_metric([reason], snapshot.runs_expired.get(reason, 0))
         families["run_cap_reached"].add_metric([], 1.0 if snapshot.run_cap_reached else 0.0)
-
-    @staticmethod
-    def _run_families() -> dict[str, Metric]:
-        return {
-            "last_step": GaugeMetricFamily(
-                "verl_training_last_step", "Last training step seen for the run.", labels=RUN_LABELS),
-            "last_step_time": GaugeMetricFamily(
-                "verl_training_last_step_timestamp_seconds",
-                "Unix time at which the run's last step was read.", labels=RUN_LABELS),
-            "steps": CounterMetricFamily(
-                "verl_training_steps_ingested", "Training steps read for the run since the exporter started.",
-                labels=RUN_LABELS),
-            "finished": GaugeMetricFamily(
-                "verl_training_finished",
-                "1 once the run reached its last step or verl reported the end of training, else 0.",
-                labels=RUN_LABELS),
-            # Only finished runs have it, so a rule's "unless finished" selects those few series, not
-            # every run's verl_training_finished.
-            "finished_time": GaugeMetricFamily(
-                "verl_training_finished_timestamp_seconds",
-                "Unix time at which the finished run's last step was read; absent while the run has not finished.",
-                labels=RUN_LABELS),
-            "total_steps": GaugeMetricFamily(
-                "verl_training_total_steps", "Training steps the run will take (verl's Total training steps).",
-                labels=RUN_LABELS),
-            "config": GaugeMetricFamily(
-                "verl_run_config", "The run's numeric settings from its config; key is the dotted verl setting.",
-                labels=RUN_LABELS + ["key"]),
-            "nonfinite": CounterMetricFamily(
-                "verl_training_nonfinite_values", "NaN or Inf values logged by the run, per verl key.",
-                labels=RUN_LABELS + ["key"]),
-            "dropped": CounterMetricFamily(
-                "verl_training_series_dropped",
-                "verl keys of the run not exported because the run reached its series cap.", labels=RUN_LABELS),
-            "info": GaugeMetricFamily(
-                "verl_training_run_info", "A followed run and the file it is read from.",
-                labels=RUN_LABELS + ["source"]),
-            "started_time": GaugeMetricFamily(
-                "verl_training_started_timestamp_seconds",
-                "Unix time at which the run's first line (its config print or first step) was written.",
-                labels=RUN_LABELS),
-            "log_errors": CounterMetricFamily(
-                "verl_training_log_errors",
-                "Errors the run's log shows, in the lines of any of its actors (kind: cuda_oom, nccl_timeout, "
-                "segfault, ray_actor_died, traceback).", labels=RUN_LABELS + ["kind"]),
-            "checkpoint_saving": GaugeMetricFamily(
-                "verl_checkpoint_saving", "1 while the run saves a checkpoint (from verl's local_global_step_folder "
-                "line to the next step), else 0.", labels=RUN_LABELS),
-            "checkpoint_started": GaugeMetricFamily(
-                "verl_checkpoint_save_started_timestamp_seconds",
-                "Unix time at which the run's latest checkpoint save started.", labels=RUN_LABELS),
-            "checkpoint_step": GaugeMetricFamily(
-                "verl_checkpoint_last_step", "Step of the run's latest checkpoint save that finished.",
-                labels=RUN_LABELS),
-            "checkpoint_seconds": GaugeMetricFamily(
-                "verl_checkpoint_last_save_duration_seconds",
-                "How long the run's latest finished checkpoint save took (verl's timing_s/save_checkpoint "
-                "where it logs it).", labels=RUN_LABELS),
-            "parse_errors": CounterMetricFamily(
-                "verl_exporter_parse_errors", "Lines that could not be parsed, per source file.", labels=["source"]),
-            "values_dropped": CounterMetricFamily(
-                "verl_exporter_values_dropped",
-                "Logged values left out because they are no number (reason: not_a_number, object, list, null).",
-                labels=["source", "reason"]),
-            "source_up": GaugeMetricFamily(
-                "verl_exporter_source_up",
-                "Whether a configured path or a glob's match can be read (1) or not (0: missing, not a "
-                "regular file, unreadable); the log says why.", labels=["source"]),
-            "runs": GaugeMetricFamily("verl_training_runs", "Runs the exporter follows."),
-            "runs_dropped": CounterMetricFamily(
-                "verl_training_runs_dropped", "Records refused because the exporter reached its run cap."),
-            "runs_expired": CounterMetricFamily(
-                "verl_training_runs_expired",
-                "Runs no longer served: finished longer than --store.retention ago, or idle longer than "
-                "--store.idle-retention (reason finished or idle), or never stepped and dropped at the run cap "
-                "for a run that steps (no_step).", labels=["reason"]),
-            "run_cap_reached": GaugeMetricFamily(
-                "verl_training_run_cap_reached",
-                "1 while the exporter refuses new runs for reaching --store.max-runs, else 0."),
-        }
+        return families

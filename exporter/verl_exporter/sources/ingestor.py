@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from verl_exporter.sources import Source
+
+class Source(Protocol):
+    """What the ingestor needs of a source (``sources.Source``)."""
+
+    def poll(self) -> int: ...
+
 
 log = logging.getLogger("verl_exporter.sources")
 
@@ -20,7 +24,7 @@ class Ingestor:
     logged and does not stop the others.
     """
 
-    def __init__(self, sources: Iterable["Source"], interval: float = 0.5) -> None:
+    def __init__(self, sources: Iterable[Source], interval: float = 0.5) -> None:
         self.sources = list(sources)
         self.interval = interval
         self._stop = threading.Event()

@@ -1,30 +1,29 @@
-"""The training families' render cache serves the bytes client_python's writer would, change after
-change, and concurrent scrapes share one rendering."""
+"""The one way to the bytes: the text parts serve what client_python's writer would, change after
+change; concurrent scrapes share one rendering; a scrape of an unchanged store copies no run."""
 
 import gzip
 import math
 import threading
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
+from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.collectors.training_render import Part, SharedRender, render_parts, render_text
+from verl_exporter.exposition import Exposition, Part
 from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.store import RunState, RunStore
 
 
 def setup(**kwargs):
     store = RunStore(default_catalog(), **kwargs)
-    registry = CollectorRegistry()
-    registry.register(CollectorRunner({"training": TrainingCollector(store)}, clock=lambda: 0.0))
-    return store, registry
+    return store, Exposition([CollectorRunner({"training": TrainingCollector(store)}, clock=lambda: 0.0)])
 
 
-def same(registry):
-    cached = render_text(registry)
-    assert cached == generate_latest(registry)
+def same(exposition):
+    cached = exposition.text()
+    assert cached == generate_latest(exposition.registry)
     return cached
 
 
@@ -59,8 +58,8 @@ def test_a_name_no_utf8_encodes_leaves_out_its_run_not_the_others():
     store, registry = setup()
     store.ingest(Record(RunKey("p", "bad\udcff"), 1, {"actor/pg_loss": 0.1}, 1.0))
     store.ingest(Record(RunKey("p", "good"), 1, {"actor/pg_loss": 0.2}, 1.0))
-    text = render_text(registry)
-    assert text == generate_latest(registry)
+    text = registry.text()
+    assert text == generate_latest(registry.registry)
     assert b'verl_exporter_collector_success{collector="training"} 1.0' in text
     assert b'verl_actor_pg_loss{experiment="good",project="p"} 0.2' in text and b"bad" not in text
 
@@ -83,7 +82,7 @@ def test_concurrent_scrapes_share_renderings():
             ticked.notify_all()
             return ticks[0]
 
-    shared = SharedRender(object(), render=render, clock=clock)
+    shared = Exposition([], render=render, clock=clock).text
     first = threading.Thread(target=shared)
     first.start()
     started.wait()  # one rendering in progress; eight scrapes arrive meanwhile
@@ -105,12 +104,66 @@ def test_gzipped_bodies_keep_the_unchanged_members_and_decompress_to_the_text():
     store, registry = setup()
     for index in range(3):
         store.ingest(Record(RunKey("p", f"e{index}"), 1, VALUES, 100.0))
-    shared = SharedRender(registry)
-    first = shared(True)
-    assert gzip.decompress(first) == generate_latest(registry)
+    first = registry.text(True)
+    assert gzip.decompress(first) == generate_latest(registry.registry)
     store.parse_error("x.log", "bad")  # the store's families change, the runs do not
-    second = shared(True)
-    text = generate_latest(registry)
+    second = registry.text(True)
+    text = generate_latest(registry.registry)
     assert gzip.decompress(second) == text and b"x.log" in text
-    static = [part for part in render_parts(registry) if part.static]
+    static = [part for part in registry.parts() if part.static]
     assert static and all(part.gzipped() in second for part in static)  # reused, not compressed again
+
+
+def _fleet(runs: int):
+    store = RunStore(default_catalog())
+    for index in range(runs):
+        store.ingest(Record(RunKey(f"project{index % 7}", f"run{index}"), 3, VALUES, 100.0))
+    node = NodeCollector(store, lambda: (None, None))
+    return store, Exposition([CollectorRunner({"training": TrainingCollector(store), "node": node})])
+
+
+def test_a_scrape_of_an_unchanged_store_copies_no_run(monkeypatch):
+    store, exposition = _fleet(1000)
+    copies = []
+    real_copy = RunState.copy
+
+    def counted(state):
+        copies.append(state.run)
+        return real_copy(state)
+
+    monkeypatch.setattr(RunState, "copy", counted)
+    openmetrics = "application/openmetrics-text; version=1.0.0"
+    for compressed in (False, True):  # the first scrapes build each run once per path
+        exposition.encode("text/plain", None, compressed)
+    exposition.encode(openmetrics)
+    assert len(copies) == 2000  # the text and the client_python paths each copied each run once
+    copies.clear()
+    for _ in range(3):
+        for accept in ("text/plain", openmetrics, "*/*"):
+            for compressed in (False, True):
+                exposition.encode(accept, None, compressed)
+        exposition.encode("text/plain", ["verl_actor_pg_loss"])
+    assert copies == []
+    store.ingest(Record(RunKey("project0", "run0"), 4, {"actor/pg_loss": 2.0}, 101.0))
+    body, _ = exposition.encode(openmetrics)
+    assert copies == [RunKey("project0", "run0")] and b'run="run0"' not in body
+    assert b'verl_actor_pg_loss{experiment="run0",project="project0"} 2.0' in body
+    assert b'verl_actor_pg_loss{experiment="run0",project="project0"} 2.0' in exposition.text()
+    assert len(copies) == 2
+
+
+def test_every_path_serves_the_same_samples():
+    store, exposition = _fleet(5)
+    store.parse_error("x.log", "bad")
+    text = exposition.text().decode()
+    openmetrics, _ = exposition.encode("application/openmetrics-text; version=1.0.0")
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    def of(families):
+        return {(sample.name, tuple(sorted(sample.labels.items())), repr(sample.value))
+                for family in families for sample in family.samples
+                if not sample.name.endswith("_created") and "duration" not in sample.name}
+
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    assert of(text_families(text)) == of(text_string_to_metric_families(openmetrics.decode()))

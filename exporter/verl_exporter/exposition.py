@@ -1,0 +1,183 @@
+"""The bytes of a scrape: one list of collectors, rendered in the format the client asks for.
+
+The Prometheus text format (plain or gzip) is rendered in parts: a collector that keeps its text
+(``text_parts()``, the training collector, which renders each run once per change) hands over
+parts; every other collector's families are written by client_python's own writer, so the bytes
+are the ones ``generate_latest`` would give. Concurrent text scrapes share one rendering. A
+client that asks for OpenMetrics only, or for some names (``name[]``), gets client_python's
+encoders over the same collectors (the registry below), fed by the same per-run families.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+from prometheus_client.metrics_core import Metric
+
+_HEADER_LINES = 2  # "# HELP" and "# TYPE"
+
+
+class Part:
+    """A piece of the text format; a part that stays the same until a run changes keeps its gzip
+    member too (gzip members concatenate into one valid stream, RFC 1952)."""
+
+    __slots__ = ("text", "static", "_gzipped")
+
+    def __init__(self, text: bytes, static: bool = False):
+        self.text, self.static = text, static
+        self._gzipped: bytes | None = None
+
+    def gzipped(self) -> bytes:
+        if self._gzipped is None:
+            self._gzipped = gzip.compress(self.text, compresslevel=1)
+        return self._gzipped
+
+
+class _One:
+    def __init__(self, metric: Metric):
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+def family_text(metric: Metric) -> bytes:
+    """One family in the text format, as client_python writes it."""
+    return generate_latest(_One(metric))  # type: ignore[arg-type]
+
+
+def split_header(text: bytes) -> tuple[bytes, bytes]:
+    """(``# HELP`` and ``# TYPE`` lines, sample lines) of one rendered family."""
+    cut = 0
+    for _ in range(_HEADER_LINES):
+        cut = text.index(b"\n", cut) + 1
+    return text[:cut], text[cut:]
+
+
+def escape(value: str) -> str:
+    """A label value escaped as the text format wants it."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def join(parts: list[Part], compressed: bool = False) -> bytes:
+    """The parts as one body; gzipped: the unchanged parts' members as kept, the rest compressed
+    anew (one member for each stretch between them)."""
+    if not compressed:
+        return b"".join(part.text for part in parts)
+    out: list[bytes] = []
+    fresh: list[bytes] = []
+    for part in parts:
+        if part.static:
+            if fresh:
+                out.append(gzip.compress(b"".join(fresh), compresslevel=1))
+                fresh = []
+            out.append(part.gzipped())
+        else:
+            fresh.append(part.text)
+    if fresh or not out:
+        out.append(gzip.compress(b"".join(fresh), compresslevel=1))
+    return b"".join(out)
+
+
+def text_parts(collectors: Iterable) -> list[Part]:
+    """The text format of ``collectors``, in order, in parts."""
+    parts: list[Part] = []
+    for collector in collectors:
+        if hasattr(collector, "text_parts"):
+            parts += collector.text_parts()
+        else:
+            parts += (Part(family_text(metric)) for metric in collector.collect())
+    return parts
+
+
+def prefer_text_format(accept: str) -> str:
+    """The Accept header without its OpenMetrics types when it also takes the text format.
+
+    Serves the Prometheus text format to Prometheus, as node_exporter does: client_python's
+    OpenMetrics writer escapes every sample name character by character and takes about twice
+    as long for the same samples. A client that accepts only OpenMetrics still gets it.
+    """
+    parts = [part for part in accept.split(",") if part.split(";")[0].strip() != "application/openmetrics-text"]
+    takes_text = any(part.split(";")[0].strip() in ("text/plain", "*/*") for part in parts)
+    return ",".join(parts) if takes_text else accept
+
+
+class NameFilter:
+    """The samples of ``registry`` named in ``names`` (``?name[]=...``, as client_python's server).
+
+    A family's own name selects all its samples too. Unlike ``restricted_registry``, this also
+    finds families that no collector describes up front, such as the training metrics.
+    """
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str]):
+        self.registry = registry
+        self.names = set(names)
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            if family.name in self.names:
+                yield family
+                continue
+            samples = [sample for sample in family.samples if sample.name in self.names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
+
+
+class Exposition:
+    """What a scrape gets, from ``collectors`` (served in this order).
+
+    ``text(compressed)`` is the text format, rendered after the call began and shared by the
+    scrapes that wait for the same rendering, so N scrapers cost about one rendering a round.
+    ``encode(accept, names)`` picks the format as client_python does.
+    """
+
+    def __init__(self, collectors: Iterable, clock: Callable[[], float] = time.monotonic,
+                 render: Callable[[list], list[Part]] = text_parts):
+        self.collectors = list(collectors)
+        self.registry = CollectorRegistry()
+        for collector in self.collectors:
+            self.registry.register(collector)
+        self.clock = clock
+        self.render = render
+        self._lock = threading.Lock()
+        self._parts: list[Part] | None = None
+        self._bodies: dict[bool, bytes] = {}
+        self._started = float("-inf")
+
+    def parts(self) -> list[Part]:
+        """The text format in parts, rendered now (not shared)."""
+        return self.render(self.collectors)
+
+    def text(self, compressed: bool = False) -> bytes:
+        """The text format (gzipped with ``compressed``), rendered after this call began."""
+        arrived = self.clock()
+        with self._lock:
+            if self._parts is None or self._started < arrived:
+                started = self.clock()
+                self._parts, self._bodies = None, {}
+                self._parts, self._started = self.render(self.collectors), started
+            body = self._bodies.get(compressed)
+            if body is None:
+                body = self._bodies[compressed] = join(self._parts, compressed)
+            return body
+
+    def encode(self, accept: str, names: list[str] | None = None,
+               compressed: bool = False) -> tuple[bytes, str]:
+        """(body, content type) for a client that sends ``accept`` and asks for ``names`` (all
+        when None); gzipped with ``compressed``."""
+        try:
+            encoder, content_type = choose_encoder(prefer_text_format(accept))
+        except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
+            encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        if encoder is generate_latest and not names:
+            return self.text(compressed), content_type
+        source = NameFilter(self.registry, names) if names else self.registry
+        body = encoder(source)  # type: ignore[arg-type]
+        return (gzip.compress(body, compresslevel=1) if compressed else body), content_type

@@ -1,0 +1,164 @@
+"""The schema is what the collectors serve, and the package's imports point one way only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from verl_exporter import run_settings, schema
+from verl_exporter.catalog import default_catalog, is_reserved
+from verl_exporter.collectors import CollectorRunner
+from verl_exporter.collectors.evidence import EvidenceCollector
+from verl_exporter.collectors.exporter import ExporterCollector
+from verl_exporter.collectors.gpu import GpuCollector
+from verl_exporter.collectors.host import HostCollector
+from verl_exporter.collectors.node import NodeCollector
+from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.fake_nvml import FakeNvmlBackend
+from verl_exporter.job import JobSelector
+from verl_exporter.store import RunStore
+
+PACKAGE = Path(schema.__file__).parent
+CATALOG = default_catalog()
+
+
+def described(collector) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """name -> (type, help, labels) of what ``collector.describe()`` gives, labels as the first
+    sample-less family knows them (client_python keeps them in ``_labelnames``)."""
+    return {family.name: (family.type, family.documentation, tuple(family._labelnames))
+            for family in collector.describe()}
+
+
+def listed(*tables, extra: dict | None = None) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    out = {}
+    for table in tables:
+        for key, family in table.items():
+            labels = family.labels + tuple((extra or {}).get(key, ()))
+            out[family.name] = (family.type, family.help, labels)
+    return out
+
+
+COLLECTORS = {
+    "gpu": (lambda: GpuCollector(FakeNvmlBackend(), job=JobSelector(pid=1), timeout_seconds=None),
+            lambda: listed(schema.GPUS, schema.JOB_GPUS)),
+    "host": (lambda: HostCollector(job=JobSelector(pid=1)), lambda: listed(schema.HOST, schema.JOB)),
+    "training": (lambda: TrainingCollector(RunStore(CATALOG)),
+                 lambda: listed(schema.TRAINING_RUN, schema.TRAINING_STORE,
+                                extra={"config_info": run_settings.info_labels(CATALOG)})),
+    "node": (lambda: NodeCollector(None, lambda: (None, None)), lambda: listed(schema.NODE)),
+    "evidence": (lambda: EvidenceCollector(None), lambda: listed(schema.EVIDENCE)),
+    "exporter": (ExporterCollector, lambda: listed(schema.EXPORTER)),
+    "runner": (lambda: CollectorRunner({}), lambda: listed(schema.RUNNER)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLLECTORS))
+def test_each_collector_describes_exactly_its_schema_entries(name):
+    make, expected = COLLECTORS[name]
+    assert described(make()) == expected()
+
+
+def test_the_schema_tables_are_those_of_the_collectors_and_names_are_unique():
+    names = [family.name for family in schema.families()]
+    assert len(names) == len(set(names))
+    assert {name for tables in schema.BY_COLLECTOR.values() for table in tables
+            for name in (f.name for f in table.values())} == set(names)
+    assert all(family.type in ("gauge", "counter") for family in schema.families())
+
+
+def test_every_name_the_schema_lists_is_reserved_from_logged_keys():
+    for family in schema.families():
+        assert all(is_reserved(name) for name in family.sample_names), family.name
+        resolved = CATALOG.resolve(family.name.removeprefix("verl_").replace("_", "/", 1)).spec.name
+        assert resolved != family.name
+
+
+def test_the_clock_event_reasons_nvml_reads_are_named_in_the_help():
+    from verl_exporter.nvml import CLOCK_EVENT_REASONS, REMAPPED_ROW_STATES
+
+    assert all(reason in schema.GPUS["clock_event_active"].help for reason in CLOCK_EVENT_REASONS)
+    assert all(state in schema.GPUS["remapped_rows"].help for state in REMAPPED_ROW_STATES)
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, at the top or inside a function alike."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("verl_exporter")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("verl_exporter"):
+                continue
+            for alias in node.names:  # ``from . import schema`` imports the module schema
+                candidate = f"{target}.{alias.name}"
+                found.add(candidate if _module_path(candidate) else target)
+    return {name.removesuffix(".__init__") for name in found}
+
+
+def _module_path(name: str) -> Path | None:
+    relative = Path(*name.split("."))
+    for path in (PACKAGE.parent / relative.with_suffix(".py"), PACKAGE.parent / relative / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        graph[module] = _imports(path) - {module}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == 1:
+                return stack[stack.index(child):] + [child]
+            if child not in state:
+                found = visit(child)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_in_the_package_not_even_inside_functions():
+    graph = _graph()
+    assert "verl_exporter.schema" in graph and graph["verl_exporter.schema"] == set()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_package_is_a_node_of_its_modules_imports():
+    graph = _graph()
+    assert "verl_exporter.schema" in graph["verl_exporter.catalog"]
+    assert "verl_exporter.collectors.run_cache" in graph["verl_exporter.collectors.training"]
