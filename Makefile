@@ -45,10 +45,14 @@ test: install tools
 bench: install tools
 	$(PY) tests/benchmarks/run.py
 
-# Regenerate grafana/dashboards/*.json, the alert rules, runbook and docs/alerts.md from their code.
+# Regenerate the package data (exporter/verl_exporter/data/: dashboards, alert and recording rules,
+# runbook), docs/alerts.md and prometheus/kubernetes/prometheusrule.yml from their code. Every alert's
+# runbook_url is RUNBOOK_URL#anchor: by default the exporter's own /runbook; set it to where the
+# runbook is hosted, e.g. make generate RUNBOOK_URL=https://wiki.example/verl/RUNBOOK.md
+RUNBOOK_URL ?= http://localhost:9945/runbook
 generate: install
 	PYTHONPATH=grafana $(PY) -m verl_dashboards
-	$(PY) alerts/generate.py
+	$(PY) -m verl_exporter.alerting --runbook-url '$(RUNBOOK_URL)'
 
 # Regenerate tests/fixtures/verl/ with each verl release's own code (not part of `make test`).
 # Installs the releases from PyPI under /tmp/verl-fixtures; RELEASES="0.9.1 0.6.1" for some.

@@ -3,12 +3,12 @@
 
 Starts, on 127.0.0.1 only: the exporter following a simulated verl run (``--scenario``) with fake
 GPUs, a real Prometheus with the shipped alert and recording rules, a real Alertmanager with
-alerts/alertmanager.yml, and a stand-in for Slack and PagerDuty that prints every notification.
+the shipped alertmanager.yml, and a stand-in for Slack and PagerDuty that prints every notification.
 Prints the URLs to open and runs until Ctrl-C, then stops everything it started.
 
 One simulated step takes ``--step-seconds`` (1 s) and stands for a 60 s verl step, so the rules are
 rendered with every duration divided by 60 (``for: 10m`` -> 10 s); thresholds are unchanged. The
-files in alerts/ keep their real durations.
+shipped rule files (verl_exporter/data/rules/) keep their real durations.
 
     python scripts/demo.py --scenario lr-too-high        # or: make demo SCENARIO=critic-underfit
 """
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "alerts"))
+from stand_in_receiver import Receiver, describe  # scripts/, beside this file
+from verl_exporter import simulate
+from verl_exporter.alerting import local
 
-from generator import local  # noqa: E402
-from verl_exporter import simulate  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # What each scenario trips (with the default healthy GPUs; --gpus hot:8 adds the GPU alerts).
 EXPECTED = {
@@ -99,7 +99,7 @@ class Demo:
 
     def on_notification(self, path: str, payload: dict) -> None:
         self.notified += 1
-        text = local.describe(path, payload).rstrip()
+        text = describe(path, payload).rstrip()
         self.seen_until = self.seen_until or bool(self.args.until and self.args.until in text)
         print(f"\n--- notification {self.notified} ---\n{text}\n", flush=True)
 
@@ -109,7 +109,7 @@ class Demo:
         self.dir.mkdir(parents=True)
         ports = {name: port_or_free(getattr(args, f"{name}_port"))
                  for name in ("exporter", "prometheus", "alertmanager", "receiver")}
-        with local.Receiver(ports["receiver"], on_notification=self.on_notification) as receiver:
+        with Receiver(ports["receiver"], on_notification=self.on_notification) as receiver:
             try:
                 self._start_all(ports, receiver.url)
                 self._print_urls(ports)
@@ -137,7 +137,8 @@ class Demo:
         ], f"http://{alertmanager}/-/ready")
         prom_dir = self.dir / "prometheus"
         config = prom_dir / "prometheus.yml"
-        rules = local.write_rules(prom_dir / "rules", time_scale=args.step_seconds / 60, min_range=3)
+        rules = local.write_rules(prom_dir / "rules", time_scale=args.step_seconds / 60, min_range=3,
+                                  runbook_url=f"http://{exporter}/runbook")
         config.write_text(yaml.safe_dump(local.prometheus_config(exporter, alertmanager, [], interval="1s")))
         self.start("prometheus", [
             binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={prom_dir / 'data'}",
@@ -169,8 +170,9 @@ verl-exporter demo: scenario {args.scenario!r}, fake GPUs {args.gpus!r}, one ste
   alerts:        http://127.0.0.1:{ports['prometheus']}/alerts      (pending, then firing)
   Alertmanager:  http://127.0.0.1:{ports['alertmanager']}/#/alerts    (grouped per run, inhibited ones hidden)
   query:         http://127.0.0.1:{ports['prometheus']}/graph?g0.expr=ALERTS
+  runbook:       http://127.0.0.1:{ports['exporter']}/runbook      (every alert's runbook_url)
 Notifications that would go to Slack and PagerDuty are printed below.
-Rules: alerts/*.rules.yml with durations divided by {60 / args.step_seconds:g}; files and logs in {self.dir}
+Rules: the shipped verl-*.rules.yml with durations divided by {60 / args.step_seconds:g}; files and logs in {self.dir}
 Press Ctrl-C to stop.""", flush=True)
 
     def _wait(self) -> int:

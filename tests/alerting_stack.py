@@ -1,21 +1,19 @@
 """The whole alerting pipeline on loopback, for end-to-end tests: the exporter, a real Prometheus with
 the shipped rules (durations scaled), a real Alertmanager with the shipped config, and a receiver
-standing in for Slack and PagerDuty (alerts/generator/local.py)."""
+standing in for Slack and PagerDuty (scripts/stand_in_receiver.py), wired by verl_exporter.alerting.local."""
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import urllib.parse
 from pathlib import Path
 
 import yaml
 
-from servers import REPO, prom_query, start_alertmanager, start_exporter, start_prometheus
-
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local  # noqa: E402
+from servers import prom_query, start_alertmanager, start_exporter, start_prometheus
+from stand_in_receiver import Receiver
+from verl_exporter.alerting import local
 
 
 class AlertingStack:
@@ -23,7 +21,7 @@ class AlertingStack:
     -> ``receiver``. ``close`` stops everything it started."""
 
     def __init__(self, tmp_path: Path, exporter_args: list[str], *, time_scale: float):
-        self.receiver = local.Receiver().__enter__()
+        self.receiver = Receiver().__enter__()
         am_config = tmp_path / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
         self.alertmanager = start_alertmanager(tmp_path, am_config)
@@ -50,7 +48,7 @@ class AlertingStack:
         self.receiver.__exit__()
 
 
-class ChatReceiver(local.Receiver):
+class ChatReceiver(Receiver):
     """The stand-in receiver, also answering like the chat APIs that Alertmanager calls itself, so its
     WeCom and Telegram notifiers complete: WeCom's ``GET .../gettoken`` gets an access token and
     ``POST .../message/send`` errcode 0; Telegram's ``POST .../bot<token>/sendMessage`` gets the sent

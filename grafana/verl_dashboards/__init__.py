@@ -6,9 +6,10 @@ from pathlib import Path
 
 from . import fleet, gpu_nodes, run_detail
 
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+# The package data of verl_exporter (verl_exporter.shipped.dashboards_dir() in this checkout).
+DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "exporter" / "verl_exporter" / "data" / "dashboards"
 
-# File name in grafana/dashboards/ -> builder.
+# File name in DASHBOARDS_DIR -> builder.
 BUILDERS = {
     "fleet-overview.json": fleet.build,
     "run-detail.json": run_detail.build,

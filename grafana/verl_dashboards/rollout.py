@@ -1,7 +1,7 @@
 """The run detail dashboard's rollout row: the run's vLLM or SGLang servers beside timing_s/gen.
 
 The figures are the ``project_experiment:verl_rollout_*`` recording rules
-(prometheus/recording-rules.yml), which read either engine's own metric names from the ``rollout``
+(the shipped recording-rules.yml), which read either engine's own metric names from the ``rollout``
 scrape job; they are empty for a run whose rollout servers are not scraped
 (``actor_rollout_ref.rollout.prometheus.enable=True``, verl 0.6.1 and later).
 """
@@ -12,9 +12,9 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import GREEN, NEUTRAL, ORANGE, RED, RUN, describe, query, steps, timeseries_panel
 
-KV_CACHE_SATURATED = 0.95  # alerts/generator/rollout.py: VerlGenerationKvCacheBound
+KV_CACHE_SATURATED = 0.95  # verl_exporter/alerting/rollout.py: VerlGenerationKvCacheBound
 SOURCE = ("From the run's rollout servers (the rollout scrape job; vLLM or SGLang metric names, "
-          "prometheus/recording-rules.yml).")
+          "the shipped recording-rules.yml).")
 
 
 def recorded(name: str) -> str:

@@ -14,15 +14,16 @@ import pytest
 import yaml
 
 from servers import REPO, require_binary
+from verl_exporter import shipped
+from verl_exporter.alerting import generate, model, render
+from verl_exporter.alerting.departures import DEPARTURES
 from verl_exporter.catalog import Catalog, default_catalog
-
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import model, render  # noqa: E402
+from verl_exporter.durations import parse_duration
 
 TESTS = Path(__file__).resolve().parent
 TEST_FILES = sorted(TESTS.glob("*.test.yml"))
-RULE_FILES = sorted((REPO / "alerts").glob("*.rules.yml"))
-RECORDING_RULES = REPO / "prometheus" / "recording-rules.yml"
+RULE_FILES = shipped.alert_rule_files()
+RECORDING_RULES = shipped.recording_rules_file()
 ANNOTATIONS = {"summary", "description", "runbook_url", "fix"}
 # Alerts on a state, not a number: their description names the state from the labels instead.
 STATE_ALERTS = {"VerlGpuRowRemapFailure", "VerlGpuLost", "VerlGpuThrottled", "VerlTrainingJobExited",
@@ -72,13 +73,13 @@ def test_promtool_unit_tests_pass(unit_test_runs, test_file):
 
 def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path):
     """The unit tests pin the thresholds: the same tests against a rule with 0.5 -> 0.9 fail."""
-    (tmp_path / "alerts").mkdir()
+    (tmp_path / render.RULES_DIR).mkdir(parents=True)
     (tmp_path / "tests" / "alerts").mkdir(parents=True)
     for path in RULE_FILES:
         text = path.read_text()
         if path.name == "verl-training.rules.yml":
             text = text.replace("verl_actor_pg_clipfrac > 0.5\n", "verl_actor_pg_clipfrac > 0.9\n")
-        (tmp_path / "alerts" / path.name).write_text(text)
+        (tmp_path / render.RULES_DIR / path.name).write_text(text)
     tests = yaml.safe_load((TESTS / "actor.test.yml").read_text())
     tests["tests"] = [case for case in tests["tests"] if case["name"].startswith("pg_clipfrac above 0.5")]
     assert len(tests["tests"]) == 1
@@ -109,7 +110,7 @@ def test_every_alert_fires_with_all_annotations_and_stays_silent_somewhere():
 def test_alerts_follow_the_mixin_conventions():
     rules = shipped_alerts()
     assert len(rules) == len(render.alerts()) >= 45
-    runbook = (REPO / "alerts" / "RUNBOOK.md").read_text()
+    runbook = shipped.runbook().read_text()
     headings = {line[4:].strip().lower() for line in runbook.splitlines() if line.startswith("### ")}
     for name, rule in rules.items():
         assert re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", name)
@@ -139,18 +140,28 @@ def test_all_guide_operations_alerts_page():
 # --- one place for thresholds: catalog -> rules (and dashboards) --------------------------------------
 
 def test_generated_files_are_up_to_date():
-    assert render.stale_files() == [], "run: python alerts/generate.py"
+    assert generate.stale_files() == [], "run: make generate"
 
 
 def test_check_mode_reports_a_hand_edited_rule_file(tmp_path, capsys):
-    for path, text in render.outputs().items():
+    for path, text in generate.outputs().items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    assert render.main(["--check", "--root", str(tmp_path)]) == 0
-    edited = tmp_path / "alerts" / "verl-training.rules.yml"
+    assert generate.main(["--check", "--root", str(tmp_path)]) == 0
+    edited = tmp_path / render.RULES_DIR / "verl-training.rules.yml"
     edited.write_text(edited.read_text().replace("> 0.5", "> 0.6", 1))
-    assert render.main(["--check", "--root", str(tmp_path)]) == 1
+    assert generate.main(["--check", "--root", str(tmp_path)]) == 1
     assert "verl-training.rules.yml" in capsys.readouterr().err
+
+
+def test_check_mode_compares_with_the_runbook_url_given(tmp_path):
+    """``make generate RUNBOOK_URL=...`` writes and checks with that base; another base is stale."""
+    base = "https://wiki.example/verl/RUNBOOK.md"
+    assert generate.main(["--root", str(tmp_path), "--runbook-url", base]) == 0
+    assert generate.main(["--check", "--root", str(tmp_path), "--runbook-url", base]) == 0
+    assert generate.main(["--check", "--root", str(tmp_path)]) == 1
+    text = (tmp_path / render.RULES_DIR / "verl-gpu.rules.yml").read_text()
+    assert f"runbook_url: {base}#verlgpulost" in text
 
 
 def test_definitions_hold_no_literal_thresholds():
@@ -192,7 +203,7 @@ def test_time_scaling_shrinks_durations_but_not_thresholds():
     assert model.scale_duration("10m", 1 / 300, 1) == "2s"
     assert model.scale_expr(expr, 1, 3) == expr
     with pytest.raises(ValueError):
-        model.parse_duration("10 minutes")
+        model.scale_duration("10 minutes", 1 / 300, 1)
 
 
 def test_per_step_groups_evaluate_every_minute_and_pages_at_the_global_interval():
@@ -204,13 +215,14 @@ def test_per_step_groups_evaluate_every_minute_and_pages_at_the_global_interval(
         for entry in groups[name]["rules"]:
             assert entry.get("labels", {}).get("severity") != "critical", entry.get("alert")
             if "alert" in entry:
-                assert model.parse_duration(entry["for"]) >= 5 * model.parse_duration(model.PER_STEP_INTERVAL)
+                assert parse_duration(entry["for"]) >= 5 * parse_duration(model.PER_STEP_INTERVAL)
     # Scaled rules (the demo, the end-to-end tests) run every group at their Prometheus's interval.
     scaled = [group for text in render.rule_files(time_scale=1 / 300).values() for group in yaml.safe_load(text)["groups"]]
     assert not [group["name"] for group in scaled if "interval" in group]
     alert = next(iter(render.GROUPS[0].alerts))
     with pytest.raises(ValueError, match="too short"):
-        model.Group("verl-x", "x.rules.yml", "X", (dataclasses.replace(alert, for_="0s"),), interval="1m")
+        model.Group(name="verl-x", file="x.rules.yml", title="X", alerts=(dataclasses.replace(alert, for_="0s"),),
+                    interval="1m")
 
 
 def catalog_numbers(names: set[str]) -> set[float]:
@@ -224,7 +236,7 @@ def catalog_numbers(names: set[str]) -> set[float]:
 
 
 def dashboard_panels():
-    for path in sorted((REPO / "grafana" / "dashboards").glob("*.json")):
+    for path in sorted(shipped.dashboards_dir().glob("*.json")):
         stack = list(json.loads(path.read_text()).get("panels", []))
         while stack:
             panel = stack.pop()
@@ -245,16 +257,14 @@ def test_dashboard_thresholds_are_catalog_numbers():
             checked += 1
             assert values <= catalog_numbers(names), f"{dashboard} / {panel.get('title')}: {values}"
     if checked == 0:
-        pytest.skip("no generated dashboards in grafana/dashboards/ to compare")
+        pytest.skip("no generated dashboards in verl_exporter/data/dashboards/ to compare")
     assert checked >= 5
 
 
 def test_departures_from_the_guide_name_shipped_alerts_and_reach_the_runbook():
-    from generator.departures import DEPARTURES
-
     names = {alert.name for group in render.GROUPS for alert in group.alerts}
     assert set(DEPARTURES) <= names, set(DEPARTURES) - names
-    runbook = (REPO / "alerts" / "RUNBOOK.md").read_text()
+    runbook = shipped.runbook().read_text()
     sections = runbook.split("\n### ")
     for name in DEPARTURES:
         section = next(text for text in sections if text.startswith(name + "\n"))

@@ -1,23 +1,22 @@
-"""alerts/alertmanager.yml and its templates, checked with Debian's amtool."""
+"""The shipped alertmanager.yml and its templates, checked with Debian's amtool."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from servers import REPO, require_binary
+from servers import require_binary
 
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local, render  # noqa: E402
+from verl_exporter import shipped
+from verl_exporter.alerting import local, render
 
-CONFIG = REPO / "alerts" / "alertmanager.yml"
-TEMPLATES = REPO / "alerts" / "templates" / "verl.tmpl"
+CONFIG = shipped.alertmanager_config()
+TEMPLATES = shipped.alertmanager_templates() / "verl.tmpl"
 
 
 def amtool(*args: str) -> subprocess.CompletedProcess:

@@ -10,9 +10,9 @@ import re
 import pytest
 import yaml
 
-from servers import REPO
+from verl_exporter import shipped
 
-RULE_FILES = sorted((REPO / "alerts").glob("*.rules.yml")) + [REPO / "prometheus" / "recording-rules.yml"]
+RULE_FILES = shipped.rule_files()
 # A range or subquery window: "[1h]", "[15m:1m]", "[$__rate_interval]".
 WINDOW = re.compile(r"\[([^\]:]+)(?::[^\]]*)?\]")
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -32,7 +32,7 @@ def rule_expressions() -> list[tuple[str, str]]:
 
 def dashboard_queries() -> list[tuple[str, str]]:
     found = []
-    for path in sorted((REPO / "grafana" / "dashboards").glob("*.json")):
+    for path in sorted(shipped.dashboards_dir().glob("*.json")):
         dashboard = json.loads(path.read_text())
         stack = list(dashboard.get("panels", []))
         while stack:

@@ -5,11 +5,12 @@ import re
 import yaml
 
 from servers import REPO
+from verl_exporter import shipped
 
 
 def shipped_alerts() -> dict[str, str]:
     alerts = {}
-    for path in sorted((REPO / "alerts").glob("*.rules.yml")):
+    for path in shipped.alert_rule_files():
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "alert" in rule:

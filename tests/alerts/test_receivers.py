@@ -1,4 +1,4 @@
-"""The chat receivers alerts/alertmanager.yml ships commented out: WeCom, Discord, Telegram, and webhooks
+"""The chat receivers the shipped alertmanager.yml has commented out: WeCom, Discord, Telegram, and webhooks
 to the Feishu/Lark and DingTalk adapters.
 
 Marker scheme: an option is one receiver written between the lines ``# receiver-option: NAME`` and
@@ -18,7 +18,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
@@ -28,12 +27,12 @@ import pytest
 import yaml
 
 from alerting_stack import ChatReceiver
-from servers import REPO, require_binary, start_alertmanager, wait_until
+from servers import require_binary, start_alertmanager, wait_until
 
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local, render  # noqa: E402
+from verl_exporter import shipped
+from verl_exporter.alerting import local, render
 
-CONFIG = REPO / "alerts" / "alertmanager.yml"
+CONFIG = shipped.alertmanager_config()
 SHIPPED_RECEIVERS = ["pagerduty", "slack-alerts", "slack-low-priority"]
 # option -> (its configs' key, the field holding the URL the test points at the stand-in, the
 #            integration name in Alertmanager's metrics)
@@ -101,7 +100,7 @@ def check_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
     path = tmp_path / "alertmanager.yml"
     path.write_text(text, encoding="utf-8")
     if not (tmp_path / "templates").exists():
-        os.symlink(REPO / "alerts" / "templates", tmp_path / "templates")
+        os.symlink(shipped.alertmanager_templates(), tmp_path / "templates")
     return amtool("check-config", str(path))
 
 
@@ -151,7 +150,7 @@ def test_verl_message_is_the_title_then_the_slack_text(tmp_path):
             "groupLabels": {}, "commonLabels": {"alertname": ALERT, "severity": "warning", **RUN},
             "commonAnnotations": {}, "externalURL": "http://alertmanager:9093"}
     (tmp_path / "data.json").write_text(json.dumps(data))
-    templates = f"--template.glob={REPO / 'alerts' / 'templates' / '*.tmpl'}"
+    templates = f"--template.glob={shipped.alertmanager_templates() / '*.tmpl'}"
     rendered = {}
     for name in ("verl.message", "verl.title", "verl.text"):
         result = amtool("template", "render", templates, f"--template.text={{{{ template \"{name}\" . }}}}",
@@ -194,13 +193,12 @@ def notify_attempts(alertmanager, integration: str) -> tuple[float, float]:
 def enabled(tmp_path, monkeypatch, request):
     """(option, stand-in receiver, Alertmanager): the shipped config with the option uncommented and
     made the only receiver of every route, its URL at the stand-in; secrets, templates and timings as
-    the end-to-end stack has them (alerts/generator/local.py)."""
+    the end-to-end stack has them (verl_exporter/alerting/local.py)."""
     name = request.param
     receiver = ChatReceiver().__enter__()
     uncommented = tmp_path / "uncommented.yml"
     uncommented.write_text(uncomment(CONFIG.read_text(encoding="utf-8"), name), encoding="utf-8")
-    monkeypatch.setattr(local, "ALERTMANAGER_CONFIG", uncommented)
-    config = local.alertmanager_config(receiver.url, tmp_path / "secrets")
+    config = local.alertmanager_config(receiver.url, tmp_path / "secrets", source=uncommented)
     config["route"]["receiver"] = name
     for route in config["route"]["routes"]:
         route["receiver"] = name

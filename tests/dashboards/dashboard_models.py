@@ -6,9 +6,11 @@ import json
 import sys
 from pathlib import Path
 
+from verl_exporter import shipped
+
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
-DASHBOARDS_DIR = GRAFANA / "dashboards"
+DASHBOARDS_DIR = shipped.dashboards_dir()
 if str(GRAFANA) not in sys.path:
     sys.path.insert(0, str(GRAFANA))
 

@@ -21,7 +21,7 @@ from compose_checks import (
 )
 from dashboard_models import REPO
 
-from verl_exporter import config
+from verl_exporter import config, shipped
 
 COMPOSE = load_compose()
 PROMETHEUS_YML = REPO / "prometheus" / "prometheus.yml"
@@ -94,7 +94,7 @@ def test_alertmanager_config_and_templates_are_mounted():
     command = COMPOSE["services"]["alertmanager"]["command"]
     config_path = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--config.file="))
     host = container_to_host(COMPOSE, "alertmanager", config_path)
-    assert host == (REPO / "alerts" / "alertmanager.yml").resolve() and host.is_file()
+    assert host == shipped.alertmanager_config().resolve() and host.is_file()
     am_config = yaml.safe_load(host.read_text())
     for pattern in am_config.get("templates", []):
         templates = container_to_host(COMPOSE, "alertmanager", f"/etc/alertmanager/{pattern}")
@@ -133,7 +133,7 @@ def test_grafana_loads_the_generated_dashboards():
     providers = yaml.safe_load((PROVISIONING / "dashboards" / "verl.yml").read_text())["providers"]
     assert len(providers) == 1 and providers[0]["allowUiUpdates"] is False
     host = container_to_host(COMPOSE, "grafana", providers[0]["options"]["path"])
-    assert host == (REPO / "grafana" / "dashboards").resolve()
+    assert host == shipped.dashboards_dir().resolve()
     assert sorted(p.name for p in host.glob("*.json")) == ["fleet-overview.json", "gpu-nodes.json", "run-detail.json"]
     home = COMPOSE["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert container_to_host(COMPOSE, "grafana", home).is_file()

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from dashboard_lint import lint, lint_set, panel_rule, rate_interval_rule, selector_rule, variables_defined_rule
-from dashboard_models import DASHBOARDS_DIR, load_dashboards, panels, targets
+from dashboard_models import DASHBOARDS_DIR, REPO, load_dashboards, panels, targets
 
 from verl_exporter.catalog import default_catalog
 
@@ -151,7 +151,7 @@ def test_run_detail_has_the_guides_panels_and_alert_annotations():
 
 
 def test_docs_state_each_dashboards_uid_and_panel_count():
-    docs = (DASHBOARDS_DIR.parent.parent / "docs" / "dashboards.md").read_text(encoding="utf-8")
+    docs = (REPO / "docs" / "dashboards.md").read_text(encoding="utf-8")
     for filename, dashboard in DASHBOARDS.items():
         row = f"| {dashboard['title']} | `{dashboard['uid']}` | `{filename}` | {len(panels(dashboard))} panels |"
         assert row in docs, f"docs/dashboards.md should have the row: {row}"

@@ -16,7 +16,8 @@ import pytest
 
 from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
 from metrics_server import MetricsServer
-from servers import REPO, prom_query, start_exporter, start_prometheus, wait_until
+from servers import prom_query, start_exporter, start_prometheus, wait_until
+from verl_exporter import shipped
 
 DASHBOARDS = load_dashboards()
 TEST_ALERT_RULES = """
@@ -44,7 +45,7 @@ def prometheus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard-queries")
     rules = tmp / "dashboard-test-alerts.yml"
     rules.write_text(TEST_ALERT_RULES)
-    recording = REPO / "prometheus" / "recording-rules.yml"  # the fleet table's progress and time left
+    recording = shipped.recording_rules_file()  # the fleet table's progress and time left
     rollout = MetricsServer(VLLM_METRICS)
     with rollout, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
                         str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:

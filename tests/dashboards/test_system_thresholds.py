@@ -2,7 +2,8 @@
 
 import yaml
 
-from dashboard_models import REPO, load_dashboards, panels
+from dashboard_models import load_dashboards, panels
+from verl_exporter import shipped
 from verl_exporter.catalog import default_catalog
 
 SYSTEM = default_catalog().system
@@ -19,7 +20,7 @@ def panels_querying(metric: str) -> list[dict]:
 
 
 def alert_expr(name: str) -> str:
-    for path in (REPO / "alerts").glob("*.rules.yml"):
+    for path in shipped.alert_rule_files():
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if rule.get("alert") == name:

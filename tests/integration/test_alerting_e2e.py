@@ -7,7 +7,7 @@ stalls), ``e2e/healthy`` and ``e2e/finished`` (15 steps, then verl's end of trai
 
 The rules are the shipped definitions rendered with every duration divided by 300, so one 0.2 s
 step stands for a 60 s verl step: ``for: 10m`` becomes 2 s and ``[1h]`` 12 s (ranges at least 3 s).
-Thresholds are not changed. Alertmanager runs alerts/alertmanager.yml with dummy secret files,
+Thresholds are not changed. Alertmanager runs the shipped alertmanager.yml with dummy secret files,
 the PagerDuty URL pointed at the receiver and a 1 s group_wait.
 """
 
@@ -42,8 +42,8 @@ def test_demo_shows_where_alerts_fire_and_prints_the_notification(tmp_path):
                       "--until", "VerlLearningRateTooHigh")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    urls = dict(re.findall(r"^  (metrics|alerts|Alertmanager): +(http://127\.0\.0\.1:\d+/\S*)", out, re.M))
-    assert set(urls) == {"metrics", "alerts", "Alertmanager"}, out
+    urls = dict(re.findall(r"^  (metrics|alerts|Alertmanager|runbook): +(http://127\.0\.0\.1:\d+/\S*)", out, re.M))
+    assert set(urls) == {"metrics", "alerts", "Alertmanager", "runbook"}, out
     assert re.search(r"--- notification \d+ ---\nSlack #verl-alerts: \[FIRING:\d\] demo/lr-too-high: .*"
                      r"VerlLearningRateTooHigh", out), out
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in out

@@ -5,7 +5,7 @@ Two stand-in servers answer /metrics with the names and types the engines docume
 file with their run's labels, as prometheus/prometheus.yml's "rollout" job reads them. A third
 stand-in serves the head exporter's step timings of three runs (job "verl"). Prometheus evaluates
 the shipped recording rules and verl-performance.rules.yml, durations scaled down
-(alerts/generator/local.py): the per-run rollout figures must come from either engine, and
+(verl_exporter/alerting/local.py): the per-run rollout figures must come from either engine, and
 VerlGenerationKvCacheBound must fire for the vLLM run (KV cache full) and the SGLang run
 (retractions), not for the run whose engine has room.
 """
@@ -13,16 +13,14 @@ VerlGenerationKvCacheBound must fire for the vLLM run (KV cache full) and the SG
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
 
 from metrics_server import MetricsServer
-from servers import REPO, prom_query, start_prometheus, wait_until
+from servers import prom_query, start_prometheus, wait_until
 
-sys.path.insert(0, str(REPO / "alerts"))
-from generator import local  # noqa: E402
+from verl_exporter.alerting import local
 
 TIME_SCALE = 1 / 150  # 15 m for -> 6 s, 5 m rate windows -> 2 s, at least MIN_RANGE
 MIN_RANGE = 4.0

@@ -5,7 +5,7 @@ Debian's victoria-metrics package. Two exporters follow simulated runs, one step
 job hangs) on the other (2 fake GPUs). vmagent scrapes both every second as job "verl" and
 remote-writes into a single-node VictoriaMetrics; vmalert evaluates the shipped alert and recording
 rules against it (durations divided by 300 as in the alerting end-to-end test: one 0.2 s step
-stands for a 60 s verl step) and notifies a real Alertmanager running alerts/alertmanager.yml,
+stands for a 60 s verl step) and notifies a real Alertmanager running the shipped alertmanager.yml,
 whose Slack and PagerDuty notifications a local receiver records. Every fleet-dashboard query is
 answered by VictoriaMetrics, the way Grafana asks Prometheus.
 """
@@ -24,16 +24,17 @@ from servers import REPO, start_alertmanager, start_exporter, wait_until
 from verl_exporter import simulate
 from victoriametrics import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_check, vmalert_check
 
-sys.path.insert(0, str(REPO / "alerts"))
 sys.path.insert(0, str(REPO / "tests" / "dashboards"))
-from generator import local  # noqa: E402
+from stand_in_receiver import Receiver  # noqa: E402
+from verl_exporter.shipped import rule_files  # noqa: E402
+from verl_exporter.alerting import local  # noqa: E402
 from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
 from dashboard_models import panels, substitute  # noqa: E402
 
 STEP_SECONDS = 0.2
 TIME_SCALE = STEP_SECONDS / 60
 TIMEOUT = 60
-SHIPPED_RULES = sorted((REPO / "alerts").glob("*.rules.yml")) + [REPO / "prometheus" / "recording-rules.yml"]
+SHIPPED_RULES = rule_files()
 FLEET = "fleet-overview.json"
 
 
@@ -41,7 +42,7 @@ class Stack:
     def __init__(self, tmp_path):
         self.servers = []
         self.stop = threading.Event()
-        self.receiver = local.Receiver().__enter__()
+        self.receiver = Receiver().__enter__()
         try:
             self._start(tmp_path)
         except BaseException:

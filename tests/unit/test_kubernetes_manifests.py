@@ -55,19 +55,18 @@ def test_scraped_as_the_job_the_alerts_watch():
     monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
     relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     assert {"targetLabel": "job", "replacement": "verl"} in relabel
-    rules = "".join(path.read_text() for path in (ROOT / "alerts").glob("*.rules.yml"))
+    rules = "".join(path.read_text() for path in shipped.alert_rule_files())
     assert 'up{job="verl"}' in rules
 
 
 # -- Every manifest validated offline; the RayJob, its PodMonitor and the PrometheusRule ---------------
 
 import re  # noqa: E402
-import sys  # noqa: E402
 
 import k8s_schemas  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "alerts"))
-from generator import kubernetes as rule_generator  # noqa: E402
+from verl_exporter import shipped  # noqa: E402
+from verl_exporter.alerting import generate  # noqa: E402
+from verl_exporter.alerting import kubernetes as rule_generator  # noqa: E402
 
 
 def documents(path):
@@ -186,7 +185,7 @@ def test_rayjob_podmonitor_scrapes_every_sidecar_as_job_verl_and_keeps_the_run_l
 
 def test_prometheusrule_holds_the_groups_of_the_rule_files():
     rule = manifest("prometheusrule.yml", "PrometheusRule")
-    files = sorted((ROOT / "alerts").glob("*.rules.yml")) + [ROOT / "prometheus" / "recording-rules.yml"]
+    files = shipped.rule_files()
     groups = [group for path in files for group in yaml.safe_load(path.read_text())["groups"]]
     assert rule["spec"]["groups"] == groups
     assert sum(len(g["rules"]) for g in groups) > 40
@@ -194,11 +193,13 @@ def test_prometheusrule_holds_the_groups_of_the_rule_files():
 
 def test_prometheusrule_is_what_the_generator_writes(tmp_path):
     assert (K8S / "prometheusrule.yml").read_text() == rule_generator.prometheus_rule(), "run: make generate"
-    assert rule_generator.main(["--check", "--root", str(ROOT)]) == 0
-    stale = tmp_path / "prometheus" / "kubernetes" / "prometheusrule.yml"
+    assert rule_generator.PROMETHEUS_RULE_FILE not in generate.stale_files(ROOT)
+    stale = tmp_path / rule_generator.PROMETHEUS_RULE_FILE
     stale.parent.mkdir(parents=True)
     stale.write_text(rule_generator.prometheus_rule().replace("for: 10m", "for: 11m", 1))
-    assert rule_generator.main(["--check", "--root", str(tmp_path)]) == 1
+    assert rule_generator.PROMETHEUS_RULE_FILE in generate.stale_files(tmp_path)
+    stale.write_text(rule_generator.prometheus_rule())
+    assert rule_generator.PROMETHEUS_RULE_FILE not in generate.stale_files(tmp_path)
 
 
 # --- the secured variant: secured-exporter.yaml and the patch of the Job ---------------------------

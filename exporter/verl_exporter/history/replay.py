@@ -40,6 +40,8 @@ from pathlib import Path
 
 import yaml
 
+from verl_exporter import shipped
+from verl_exporter.durations import parse_duration
 from verl_exporter.records import RunKey
 
 from prometheus_client.utils import floatToGoString
@@ -48,15 +50,12 @@ from .backfill import (History, add_source_arguments, build_from_args, create_bl
                        write_openmetrics)
 from .prometheus import Prometheus
 
-REPO = Path(__file__).resolve().parents[3]
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
 
 
 def shipped_rules() -> list[Path]:
-    """The alert and recording rules of this repository (alerts/*.rules.yml, prometheus/recording-rules.yml)."""
-    files = sorted((REPO / "alerts").glob("*.rules.yml"))
-    recording = REPO / "prometheus" / "recording-rules.yml"
-    return files + ([recording] if recording.is_file() else [])
+    """The alert and recording rules the package ships (verl_exporter/data/rules/)."""
+    return shipped.rule_files()
 
 
 @dataclass
@@ -98,30 +97,6 @@ class AlertHistory:
         if "project" in self.labels and "experiment" in self.labels:
             return RunKey(self.labels["project"], self.labels["experiment"])
         return None
-
-
-def parse_duration(text: str | None) -> float:
-    """Seconds of a Prometheus duration (``90s``, ``1h30m``, ``0``)."""
-    if not text:
-        return 0.0
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-    total, number = 0.0, ""
-    index = 0
-    while index < len(text):
-        char = text[index]
-        if char.isdigit():
-            number += char
-            index += 1
-            continue
-        unit = "ms" if text.startswith("ms", index) else char
-        if unit not in units or not number:
-            raise ValueError(f"not a duration: {text!r}")
-        total += int(number) * units[unit]
-        number, index = "", index + len(unit)
-    if number:
-        if total or number != "0":
-            raise ValueError(f"not a duration: {text!r}")
-    return total
 
 
 def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL) -> tuple[list[AlertRule], list[dict]]:
@@ -299,8 +274,8 @@ def main(argv: list[str]) -> int:
         description="Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
     add_source_arguments(parser)
     parser.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
-                        help="rule files, after the sources (default: the shipped alerts/*.rules.yml and "
-                             "prometheus/recording-rules.yml); evaluated every --scrape-interval unless a "
+                        help="rule files, after the sources (default: the shipped verl-*.rules.yml and "
+                             "recording-rules.yml); evaluated every --scrape-interval unless a "
                              "group sets its interval")
     parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="prometheus binary (default: from PATH)")
     parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
