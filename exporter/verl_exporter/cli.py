@@ -38,10 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         from .alerting import generate
 
         return generate.rules_main(argv[1:])
-    if argv[:1] == ["rules"]:
-        from .alerting import generate
-
-        return generate.rules_main(argv[1:])
     signals = _Signals()
     app = None
     try:
