@@ -213,6 +213,18 @@ def write_file(path: str | Path, scenario: str, fmt: str, *, steps: int | None, 
     return written
 
 
+def _duration(text: str) -> float:
+    """``--interval``: the exporter's one duration grammar (``500ms``, ``2s``; a bare number is seconds)."""
+    from .durations import DurationError, parse_duration
+
+    try:
+        if not text:
+            raise DurationError("not a duration: ''")
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``verl-exporter simulate``: write a simulated verl run to a file, live."""
     parser = argparse.ArgumentParser(prog="verl-exporter simulate",
@@ -221,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", default="jsonl", choices=FORMATS, help="verl's file logger or console output")
     parser.add_argument("--output", help="file to append to (parent folders are created)")
     parser.add_argument("--steps", type=int, help="stop after this many steps (default: run until interrupted)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between steps; 0 = as fast as possible")
+    parser.add_argument("--interval", type=_duration, default=1.0, metavar="DURATION",
+                        help="time between steps (500ms, 2s, or a bare number of seconds); 0 = as fast as possible")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algorithm", default="ppo", choices=ALGORITHMS)
     parser.add_argument("--style", default="full", choices=STYLES, help="console value style")
@@ -235,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.output:
         parser.error("--output is required")
-    if args.interval < 0 or (args.steps is not None and args.steps < 1):
-        parser.error("--interval must be >= 0 and --steps >= 1")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be >= 1")
     print(f"writing a simulated {args.algorithm} run ({args.scenario}, {args.format}) to {args.output}",
           file=sys.stderr)
     try:

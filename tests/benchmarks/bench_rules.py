@@ -161,9 +161,9 @@ def _costliest_rules(prometheus, count: int = 5) -> list[dict]:
 
 
 def _duration_seconds(text: str) -> float:
-    from verl_exporter.config import parse_duration
+    from verl_exporter.durations import parse_duration
 
-    return parse_duration("interval", text)
+    return parse_duration(text)
 
 
 def shipped_evaluation_interval() -> float:

@@ -21,7 +21,8 @@ from compose_checks import (
 )
 from dashboard_models import REPO
 
-from verl_exporter import config, shipped
+from verl_exporter import shipped
+from verl_exporter.options import OptionsError, load_options
 
 COMPOSE = load_compose()
 PROMETHEUS_YML = REPO / "prometheus" / "prometheus.yml"
@@ -106,15 +107,15 @@ def test_alertmanager_config_and_templates_are_mounted():
 
 def test_exporter_commands_are_accepted_by_the_exporter():
     for name in ("exporter", "exporter-gpu"):
-        settings = config.load(COMPOSE["services"][name]["command"])
+        settings = load_options(COMPOSE["services"][name]["command"])
         assert settings.web_listen_address == ":9945"
-    demo = config.load(COMPOSE["services"]["exporter"]["command"])
+    demo = load_options(COMPOSE["services"]["exporter"]["command"])
     assert demo.simulate == "lr-too-high" and demo.gpu_fake == "healthy:8"
     gpu = COMPOSE["services"]["exporter-gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert gpu["network_mode"] == COMPOSE["services"]["exporter"]["network_mode"] == "service:prometheus"
-    with pytest.raises(config.ConfigError):
-        config.load(["--web.listen-address=:9945", "--simulate.format=yaml"])
+    with pytest.raises(OptionsError):
+        load_options(["--web.listen-address=:9945", "--simulate.format=yaml"])
 
 
 def test_grafana_datasources_point_at_the_stack():
@@ -200,7 +201,7 @@ def test_secured_exporters_add_only_the_web_config_flag(secured):
     for name in ("exporter", "exporter-gpu"):
         command = merged["services"][name]["command"]
         assert command == COMPOSE["services"][name]["command"] + [command[-1]]
-        settings = config.load(command)
+        settings = load_options(command)
         assert settings.web_config_file == "/etc/verl-exporter/web-config.yml"
         host = container_to_host(merged, name, settings.web_config_file)
         assert str(host) == f"{SECRETS_DIR}/web-config.yml"

@@ -1,5 +1,5 @@
 """Signals: SIGTERM and SIGINT stop the exporter with exit 0 at any moment, the first read of a
-backlog included; SIGHUP reloads --config.file and --web.config.file, keeping the old settings
+backlog included; SIGHUP reloads --config.file and --web.config.file, keeping the running options
 when a new file is bad, and keeping the listener."""
 
 from __future__ import annotations
@@ -114,20 +114,68 @@ def test_sighup_reloads_the_config_file(tmp_path):
         exporter.process.send_signal(signal.SIGHUP)
         text = metrics_when(exporter, lambda text: run_names(text) == {"first", "second"}, "the second run")
         assert value(text, "verl_training_steps_ingested_total", experiment="first") == 2
-        wait_until(lambda: "configuration reloaded" in exporter.log(), message="the reload logged")
+        wait_until(lambda: "options reloaded" in exporter.log(), message="the reload logged")
 
-        # A bad file: logged, the running settings kept.
+        # A bad file: logged, the running options kept.
         config_file.write_text("source: [\n")
         exporter.process.send_signal(signal.SIGHUP)
-        wait_until(lambda: "reloading the configuration failed" in exporter.log(), message="the failed reload logged")
+        wait_until(lambda: "reloading the options failed" in exporter.log(), message="the failed reload logged")
         settings.update({"store.max-series-per-run": 10, "store.max-runs": 5})  # need a restart
         config_file.write_text(yaml.safe_dump(settings))
         exporter.process.send_signal(signal.SIGHUP)
         wait_until(lambda: "only after a restart: store.max-series-per-run, store.max-runs" in exporter.log(),
-                   message="settings that need a restart logged")
+                   message="options that need a restart logged")
         assert run_names(exporter.get("/metrics")[1]) == {"first", "second"}
         assert exporter.process.poll() is None and (exporter.process.pid, exporter.port) == (pid, port)
         assert "Traceback" not in exporter.log()
+
+
+MISTYPED = {  # options file text -> the option the error names
+    "web.telemetry-path: null\n": "web.telemetry-path",
+    "source.poll-interval: null\n": "source.poll-interval",
+    "log.level: null\n": "log.level",
+    "log.level: [a]\n": "log.level",
+    "store.max-runs: x\n": "store.max-runs",
+    "gpu.timeout: {a: 1}\n": "gpu.timeout",
+    "store.max-runs: true\n": "store.max-runs",
+    "collector.gpu: 1\n": "collector.gpu",
+}
+
+
+def test_sighup_with_a_value_of_the_wrong_type_keeps_the_exporter_and_its_options(tmp_path):
+    runs = tmp_path / "runs" / "gsm8k"
+    runs.mkdir(parents=True)
+    (runs / "first.jsonl").write_text(jsonl(3, {"actor/pg_clipfrac": 0.2}))
+    config_file = tmp_path / "exporter.yml"
+    good = f"source: [{runs / 'first.jsonl'}]\ngpu.fake: healthy:1\ncollector.host: false\n"
+    config_file.write_text(good)
+    with start_exporter(tmp_path, "--config.file", str(config_file)) as exporter:
+        metrics_when(exporter, lambda text: run_names(text) == {"first"}, "the first run")
+        pid, port = exporter.process.pid, exporter.port
+        for text, option in MISTYPED.items():
+            count = exporter.log().count("reloading the options failed")
+            config_file.write_text(good + text)
+            exporter.process.send_signal(signal.SIGHUP)
+            wait_until(lambda: exporter.log().count("reloading the options failed") > count, message=text)
+            line = [line for line in exporter.log().splitlines() if "reloading the options failed" in line][-1]
+            assert "level=ERROR" in line and f": {option} must be" in line, line
+            assert exporter.process.poll() is None, text
+            assert run_names(exporter.get("/metrics")[1]) == {"first"}, text
+        assert (exporter.process.pid, exporter.port) == (pid, port)
+        assert "Traceback" not in exporter.log()
+
+
+@pytest.mark.parametrize("text", list(MISTYPED)[:4])
+def test_a_value_of_the_wrong_type_at_start_is_one_line_and_exit_2(tmp_path, text):
+    path = tmp_path / "exporter.yml"
+    path.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{free_port()}",
+                             "--config.file", str(path), "--gpu.fake", "healthy:1"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"verl-exporter: error: options file {path}: {MISTYPED[text]} "), \
+        result.stderr
 
 
 def test_sighup_reloads_the_web_config_without_dropping_the_listener(tmp_path):
@@ -153,17 +201,17 @@ def test_sighup_reloads_the_web_config_without_dropping_the_listener(tmp_path):
 
         # New users and headers, then TLS, then a bad file: each on the same listener.
         reload_to({"basic_auth_users": {"bob": password_hash()},
-                   "http_server_config": {"headers": {"X-Frame-Options": "deny"}}}, "configuration reloaded")
+                   "http_server_config": {"headers": {"X-Frame-Options": "deny"}}}, "options reloaded")
         assert http_get("http://" + url, headers=auth("alice"))[0] == 401
         assert http_get("http://" + url, headers=auth("bob"))[0] == 200
         context = ssl.create_default_context(cafile=str(pki.ca))
         reload_to({"basic_auth_users": {"bob": password_hash()},
                    "tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}},
-                  "configuration reloaded")
+                  "options reloaded")
         assert http_get("https://" + url, context=context, headers=auth("bob"))[0] == 200
         for bad in ("basic_auth_users: {bob: not-a-hash}\n", "tls_server_config: {cert_file: /nope, key_file: /nope}\n",
                     json.dumps({"http_server_config": {"headers": {"Server": "x"}}})):
-            reload_to(bad, "reloading the configuration failed")
+            reload_to(bad, "reloading the options failed")
             assert http_get("https://" + url, context=context, headers=auth("bob"))[0] == 200
         assert exporter.process.poll() is None
         assert "Traceback" not in exporter.log()

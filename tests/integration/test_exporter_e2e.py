@@ -102,7 +102,7 @@ def run_cli(*args, timeout=30):
     (["--job.pid", "abc"], "invalid int value"),
     (["--gpu.fake", "healthy:many", "--web.listen-address", "127.0.0.1:0"], "bad fake GPU spec"),
     (["--web.listen-address", "nonsense"], "invalid listen address"),
-    (["--config.file", "/nonexistent/exporter.yml"], "cannot read config file"),
+    (["--config.file", "/nonexistent/exporter.yml"], "cannot read options file"),
     (["--simulate", "no-such-scenario", "--web.listen-address", "127.0.0.1:0"], "unknown scenario"),
 ])
 def test_bad_setup_gives_one_clear_line_and_exit_2(args, message):

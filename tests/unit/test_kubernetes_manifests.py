@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_exporter import config
+from verl_exporter.options import load_options
 from verl_exporter.server import parse_listen_address
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,13 @@ def container(pod, name):
 
 
 def test_sidecar_flags_are_accepted_by_the_exporter(pod):
-    settings = config.load(container(pod, "verl-exporter")["args"])
+    settings = load_options(container(pod, "verl-exporter")["args"])
     assert settings.source and settings.job_match
 
 
 def test_ports_line_up(pod):
     sidecar = container(pod, "verl-exporter")
-    _, port = parse_listen_address(config.load(sidecar["args"]).web_listen_address)
+    _, port = parse_listen_address(load_options(sidecar["args"]).web_listen_address)
     assert sidecar["ports"] == [{"name": "metrics", "containerPort": port}]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
     monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
@@ -45,10 +45,10 @@ def test_the_sidecar_reads_where_the_trainer_writes(pod):
     sidecar_mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
     assert root in mounts.values()
     assert sidecar_mounts == mounts
-    source = config.load(sidecar["args"]).source[0]
+    source = load_options(sidecar["args"]).source[0]
     assert source.startswith(root + "/") and source.endswith(".jsonl")  # <root>/<project>/<experiment>.jsonl
     assert pod["spec"]["shareProcessNamespace"] is True  # --job.match sees the trainer's processes
-    assert config.load(sidecar["args"]).job_match in " ".join(trainer["command"])
+    assert load_options(sidecar["args"]).job_match in " ".join(trainer["command"])
 
 
 def test_scraped_as_the_job_the_alerts_watch():
@@ -130,7 +130,7 @@ def test_validation_catches_what_the_api_server_or_operator_would_refuse():
 def test_every_rayjob_pod_has_the_exporter_sidecar():
     for group, pod in rayjob_pods():
         sidecar = container(pod, "verl-exporter")
-        settings = config.load(expanded_args(sidecar))
+        settings = load_options(expanded_args(sidecar))
         _, port = parse_listen_address(settings.web_listen_address)
         assert sidecar["ports"] == [{"name": "verl-exporter", "containerPort": port}], group
         names = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
@@ -157,11 +157,11 @@ def test_the_head_exporter_reads_the_logs_every_node_writes():
         assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"], group
     _, head = rayjob_pods()[0]
     sidecar = container(head, "verl-exporter")
-    source = config.load(expanded_args(sidecar)).source
+    source = load_options(expanded_args(sidecar)).source
     assert len(source) == 1 and source[0].startswith(root + "/") and source[0].endswith(".jsonl")
     assert {"name": "verl-logs", "mountPath": root, "readOnly": True} in sidecar["volumeMounts"]
     for group, pod in rayjob_pods()[1:]:
-        assert config.load(expanded_args(container(pod, "verl-exporter"))).source == [], group
+        assert load_options(expanded_args(container(pod, "verl-exporter"))).source == (), group
 
 
 def test_rayjob_podmonitor_scrapes_every_sidecar_as_job_verl_and_keeps_the_run_labels():
@@ -241,7 +241,7 @@ def test_secured_sidecar_adds_only_the_web_config_flag(pod, secured):
     secured_pod, documents = secured
     sidecar = container(secured_pod, "verl-exporter")
     assert sidecar["args"] == container(pod, "verl-exporter")["args"] + [sidecar["args"][-1]]
-    settings = config.load(sidecar["args"])
+    settings = load_options(sidecar["args"])
     directory, _, name = settings.web_config_file.rpartition("/")
     mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
     volumes = {v["name"]: v for v in secured_pod["spec"]["volumes"]}

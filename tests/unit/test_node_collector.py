@@ -3,7 +3,7 @@ import pytest
 from exposition import matching, samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
-from verl_exporter import config
+from verl_exporter.options import OptionsError, load_options
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.records import Record, RunKey
@@ -43,17 +43,17 @@ def test_the_head_serves_the_unfinished_runs_it_follows_and_the_flags():
 def test_project_and_experiment_default_to_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("VERL_EXPORTER_PROJECT", "gsm8k")
     monkeypatch.setenv("VERL_EXPORTER_EXPERIMENT", "grpo")
-    settings = config.load([])
+    settings = load_options([])
     assert (settings.project, settings.experiment) == ("gsm8k", "grpo")
     # The command line wins over the environment, and so does the config file.
-    assert config.load(["--project", "math"]).project == "math"
+    assert load_options(["--project", "math"]).project == "math"
     path = tmp_path / "exporter.yml"
     path.write_text("experiment: from-file\n")
-    assert config.load(["--config.file", str(path)]).experiment == "from-file"
+    assert load_options(["--config.file", str(path)]).experiment == "from-file"
     monkeypatch.setenv("VERL_EXPORTER_PROJECT", "")
-    assert config.load([]).project is None
+    assert load_options([]).project is None
     monkeypatch.delenv("VERL_EXPORTER_EXPERIMENT")
-    assert config.load([]).experiment is None
+    assert load_options([]).experiment is None
 
 
 def test_an_exporter_of_a_shared_directory_is_none_of_its_runs_nodes():
@@ -73,7 +73,7 @@ def test_an_exporter_of_a_shared_directory_is_none_of_its_runs_nodes():
 
 
 def test_node_max_runs_is_a_positive_flag():
-    assert config.load([]).node_max_runs == 8
-    assert config.load(["--node.max-runs", "1"]).node_max_runs == 1
-    with pytest.raises(config.ConfigError, match="node.max-runs"):
-        config.load(["--node.max-runs", "0"])
+    assert load_options([]).node_max_runs == 8
+    assert load_options(["--node.max-runs", "1"]).node_max_runs == 1
+    with pytest.raises(OptionsError, match="node.max-runs"):
+        load_options(["--node.max-runs", "0"])

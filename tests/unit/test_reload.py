@@ -1,4 +1,5 @@
-"""Exporter.reload (what SIGHUP runs), in-process: all or nothing, on the same listener."""
+"""Exporter.reload (what SIGHUP runs), in-process: all or nothing, on the same listener; a value of
+the wrong type changes nothing and stops nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import yaml
 
 from certs import PASSWORD, password_hash, write_web_config
 from servers import http_get
-from verl_exporter import config
+from verl_exporter.options import OPTIONS, Options, load_options
 from verl_exporter.cli import Exporter
 
 
@@ -22,13 +23,13 @@ def app(tmp_path):
         (runs / f"{name}.jsonl").write_text(json.dumps({"step": 1, "data": {"actor/pg_clipfrac": 0.1}}) + "\n")
     config_file = tmp_path / "exporter.yml"
     web_file = write_web_config(tmp_path / "web.yml", {})
-    settings = {"source": [str(runs / "a.jsonl")], "gpu.fake": "healthy:1", "collector.host": False,
-                "web.config.file": str(web_file)}
-    config_file.write_text(yaml.safe_dump(settings))
+    written = {"source": [str(runs / "a.jsonl")], "gpu.fake": "healthy:1", "collector.host": False,
+               "web.config.file": str(web_file)}
+    config_file.write_text(yaml.safe_dump(written))
     argv = ["--config.file", str(config_file)]
-    exporter = Exporter(config.load(argv), argv=argv)
+    exporter = Exporter(load_options(argv), argv=argv)
     exporter.start(("127.0.0.1", 0))
-    exporter.test = {"config_file": config_file, "web_file": web_file, "settings": settings, "runs": runs}
+    exporter.test = {"config_file": config_file, "web_file": web_file, "written": written, "runs": runs}
     yield exporter
     exporter.stop()
     logging.getLogger().setLevel(logging.WARNING)
@@ -39,11 +40,11 @@ def url(app, path: str) -> str:
 
 
 def rewrite(app, **changes) -> None:
-    app.test["settings"].update(changes)
-    app.test["config_file"].write_text(yaml.safe_dump(app.test["settings"]))
+    app.test["written"].update(changes)
+    app.test["config_file"].write_text(yaml.safe_dump(app.test["written"]))
 
 
-def test_a_good_config_file_takes_effect(app):
+def test_a_good_options_file_takes_effect(app):
     server, source_a = app.server, next(iter(app.sources.values()))
     rewrite(app, **{"web.telemetry-path": "/verl-metrics", "log.level": "debug",
                     "source": [str(app.test["runs"] / "a.jsonl"), str(app.test["runs"] / "b.jsonl")]})
@@ -57,28 +58,94 @@ def test_a_good_config_file_takes_effect(app):
     assert app.reload() and [key[0] for key in app.sources] == [str(app.test["runs"] / "b.jsonl")]
 
 
-def test_a_bad_config_file_changes_nothing(app, caplog):
-    before = vars(app.settings).copy()
-    for bad in ("source: [\n", "no.such-setting: 1\n", "store.max-runs: -1\n", "log.level: loud\n"):
+def test_a_bad_options_file_changes_nothing(app, caplog):
+    before = app.options
+    for bad in ("source: [\n", "no.such-option: 1\n", "store.max-runs: -1\n", "log.level: loud\n"):
         app.test["config_file"].write_text(bad)
         assert not app.reload()
-        assert vars(app.settings) == before and http_get(url(app, "/metrics"))[0] == 200
-    assert caplog.text.count("reloading the configuration failed") == 4
+        assert app.options is before and http_get(url(app, "/metrics"))[0] == 200
+    assert caplog.text.count("reloading the options failed") == 4
+
+
+@pytest.mark.parametrize("bad, option", [
+    ({"web.telemetry-path": None}, "web.telemetry-path"),
+    ({"source.poll-interval": None}, "source.poll-interval"),
+    ({"log.level": None}, "log.level"),
+    ({"log.level": ["a"]}, "log.level"),
+    ({"store.max-runs": "x"}, "store.max-runs"),
+    ({"gpu.timeout": {"a": 1}}, "gpu.timeout"),
+    ({"store.max-runs": True}, "store.max-runs"),
+    ({"source.poll-interval": False}, "source.poll-interval"),
+    ({"collector.gpu": 1}, "collector.gpu"),
+    ({"source": None}, "source"),
+    ({"source.format": ["jsonl"]}, "source.format"),
+    ({"project": {"a": 1}}, "project"),
+])
+def test_a_value_of_the_wrong_type_is_logged_and_changes_nothing(app, caplog, bad, option):
+    before, server, ingestor = app.options, app.server, app.ingestor
+    rewrite(app, **{"log.level": "debug", **bad})  # with a good change: all or nothing
+    with caplog.at_level(logging.INFO):
+        assert not app.reload()
+    failed = [record for record in caplog.records if "reloading the options failed" in record.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.ERROR and option in failed[0].getMessage()
+    assert app.options is before and app.server is server and app.ingestor is ingestor and ingestor.running
+    assert app.server.telemetry_path == "/metrics" and logging.getLogger().level != logging.DEBUG
+    assert http_get(url(app, "/metrics"))[0] == 200
 
 
 def test_a_bad_web_config_keeps_the_config_file_too(app):
     rewrite(app, **{"web.telemetry-path": "/other"})
     app.test["web_file"].write_text("basic_auth_users: {alice: plain}\n")
     assert not app.reload()
-    assert app.server.telemetry_path == "/metrics" and app.settings.web_telemetry_path == "/metrics"
+    assert app.server.telemetry_path == "/metrics" and app.options.web_telemetry_path == "/metrics"
 
 
-def test_settings_that_need_a_restart_keep_their_running_value(app, caplog):
-    rewrite(app, **{"store.max-runs": 3, "collector.gpu": False, "log.level": "warn"})
+def test_options_that_need_a_restart_keep_their_running_value(app, caplog):
+    rewrite(app, **{"store.max-runs": 3, "collector.gpu": False, "log.level": "warn", "gpu.timeout": "500ms"})
     assert app.reload()
-    assert app.settings.store_max_runs == 1000 and app.settings.collector_gpu is True
-    assert app.settings.log_level == "warn"
-    assert "only after a restart: collector.gpu, store.max-runs" in caplog.text
+    assert app.options.store_max_runs == 1000 and app.options.collector_gpu is True and app.options.gpu_timeout == 2
+    assert app.options.log_level == "warn"
+    assert "only after a restart: collector.gpu, gpu.timeout, store.max-runs" in caplog.text
+
+
+def _another_value(option, app):
+    """A good value of ``option`` other than its running one, as the options file writes it."""
+    special = {
+        "web.listen-address": "127.0.0.1:1", "web.telemetry-path": "/other",
+        "web.config.file": str(write_web_config(app.test["web_file"].with_name("other-web.yml"), {})),
+        "source": [str(app.test["runs"] / "b.jsonl")], "source.format": "jsonl", "log.level": "error",
+        "simulate.format": "jsonl", "job.match": "train.py", "job.pid": 4242,
+    }
+    if option.flag in special:
+        return special[option.flag]
+    running = getattr(app.options, option.name)
+    if isinstance(running, bool):
+        return not running
+    if isinstance(running, int):
+        return running + 1
+    if isinstance(running, float):
+        return f"{int(running * 1000) + 1000}ms"
+    return "other"
+
+
+def test_every_option_is_either_reloaded_or_named_as_needing_a_restart(app, caplog):
+    original = dict(app.test["written"])
+    for option in OPTIONS:
+        caplog.clear()
+        running = getattr(app.options, option.name)
+        rewrite(app, **{option.flag: _another_value(option, app)})
+        assert app.reload(), option.flag
+        if option.reloadable:
+            assert getattr(app.options, option.name) != running, option.flag
+            assert "only after a restart" not in caplog.text, option.flag
+        else:
+            assert getattr(app.options, option.name) == running, option.flag
+            assert f"only after a restart: {option.flag}" in caplog.text, option.flag
+        app.test["written"] = dict(original)  # back to the start, restart options included
+        app.test["config_file"].write_text(yaml.safe_dump(original))
+        caplog.clear()
+        assert app.reload() and "only after a restart" not in caplog.text, option.flag
+    assert isinstance(app.options, Options)
 
 
 def test_a_new_web_config_applies_to_the_next_request(app):

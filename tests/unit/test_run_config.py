@@ -14,7 +14,7 @@ import yaml
 from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
-from verl_exporter import config as settings_module
+from verl_exporter.options import load_options
 from verl_exporter import simulate
 from verl_exporter.catalog import default_catalog
 from verl_exporter.cli import Exporter
@@ -386,7 +386,7 @@ def test_the_run_config_flag_reads_a_config_file_of_any_name_and_a_reload_keeps_
     config_file.write_text(yaml.safe_dump({"source": [], "log.level": "info"}))
     argv = ["--config.file", str(config_file), "--run.config", str(saved), "--no-collector.gpu",
             "--no-collector.host"]
-    app = Exporter(settings_module.load(argv), argv=argv)
+    app = Exporter(load_options(argv), argv=argv)
     app.ingestor.poll_all()
     assert app.store.run(RUN).config["actor_rollout_ref.actor.grad_clip"] == 1.0
     source = next(iter(app.sources.values()))

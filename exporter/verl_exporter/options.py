@@ -1,0 +1,401 @@
+"""The exporter's options: command-line flags in the node_exporter style, optionally from a YAML file.
+
+One table, the fields of :class:`Options`, defines every option: its flag, type, default, help,
+environment variable and whether SIGHUP applies it without a restart. Every flag ``--a.b-c`` can
+also be set in the ``--config.file`` options file as ``a.b-c: value``; flags given on the command
+line win over the file, the file over the environment variables some options read
+(``VERL_EXPORTER_PROJECT``, ``VERL_EXPORTER_EXPERIMENT``), those over the defaults.
+
+Every value is checked against its option's type wherever it comes from, so a mistyped value in
+the file (``null``, a list, ``true`` for a number) is an :class:`OptionsError` that names the
+option, at start as on a reload. Durations are written in the project's one grammar
+(:func:`verl_exporter.durations.parse_duration`: ``500ms``, ``30s``, ``1h30m``; a bare number is
+seconds) and held as floats of seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from . import __version__
+from .durations import DurationError, format_duration, parse_duration
+
+DEFAULT_PORT = 9945
+SOURCE_FORMATS = ("auto", "jsonl", "console", "config")  # the formats sources.Source reads
+
+
+class OptionsError(Exception):
+    """An option value that cannot be used; the message is shown to the user as is."""
+
+
+# -- types -----------------------------------------------------------------------------------------
+# Each type turns a value from the command line (a string; a bool for a switch, a list for a
+# repeatable option), the environment (a string) or the options file (any YAML) into the option's
+# value, or raises ValueError with what is wrong ("must be ..., not 'x'").
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Kind:
+    metavar = "VALUE"
+
+    def parse(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def show(self, value: Any) -> str:
+        return "none" if value is None else str(value)
+
+
+class Text(Kind):
+    """A string; a number in the options file is taken as its text (``experiment: 7``)."""
+
+    def __init__(self, metavar: str = "TEXT", check: Callable[[str], None] | None = None):
+        self.metavar, self.check = metavar, check
+
+    def parse(self, value: Any) -> str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string, not {_shown(value)}")
+        if self.check is not None:
+            self.check(value)
+        return value
+
+
+class Count(Kind):
+    """A whole number above 0 (a cap, a count, a PID)."""
+
+    metavar = "N"
+
+    def parse(self, value: Any) -> int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+            number = int(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            raise ValueError(f"must be a whole number, not {_shown(value)}")
+        if number <= 0:
+            raise ValueError(f"must be positive, not {number}")
+        return number
+
+
+class Switch(Kind):
+    """``--x`` / ``--no-x`` on the command line, ``true`` or ``false`` in the options file."""
+
+    def parse(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, not {_shown(value)}")
+        return value
+
+    def show(self, value: Any) -> str:
+        return "on" if value else "off"
+
+
+class Paths(Kind):
+    """Repeatable on the command line; a path or a list of paths in the options file."""
+
+    metavar = "PATH"
+
+    def parse(self, value: Any) -> tuple[str, ...]:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(item, str) for item in items):
+            raise ValueError(f"must be a path or a list of paths, not {_shown(value)}")
+        return tuple(items)
+
+    def show(self, value: Any) -> str:
+        return ", ".join(value) or "none"
+
+
+class Choice(Kind):
+    """One of a few words, any case; ``aliases`` maps other spellings to them."""
+
+    def __init__(self, *choices: str, aliases: dict[str, str] | None = None):
+        self.choices, self.aliases = choices, aliases or {}
+        self.metavar = "{" + ",".join(choices) + "}"
+
+    def parse(self, value: Any) -> str:
+        word = value.lower() if isinstance(value, str) else None
+        word = self.aliases.get(word, word)
+        if word not in self.choices:
+            raise ValueError(f"must be one of {', '.join(self.choices)}, not {_shown(value)}")
+        return word
+
+
+class Duration(Kind):
+    """Seconds, written in the project's duration grammar (``500ms``, ``30s``, ``1h30m``, ``7d``) or
+    as a bare number of seconds; ``positive`` where 0 means nothing useful."""
+
+    metavar = "DURATION"
+    LONGEST = threading.TIMEOUT_MAX  # a wait longer than this cannot be waited for
+
+    def __init__(self, positive: bool = False):
+        self.positive = positive
+
+    def parse(self, value: Any) -> float:
+        wrong = f"must be a duration such as 500ms, 30s, 10m or 1h30m, not {_shown(value)}"
+        if value is None or value == "" or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(wrong)
+        try:
+            seconds = parse_duration(value)
+        except DurationError:
+            raise ValueError(wrong) from None
+        if self.positive and seconds <= 0:
+            raise ValueError(f"must be positive, not {_shown(value)}")
+        if seconds > self.LONGEST:
+            raise ValueError(f"must be at most {format_duration(self.LONGEST)}, not {_shown(value)}")
+        return seconds
+
+    def show(self, value: Any) -> str:
+        return format_duration(value)
+
+
+def _telemetry_path(path: str) -> None:
+    if not path.startswith("/") or path.startswith("/-/"):
+        raise ValueError(f"must start with / (and not /-/), not {_shown(path)}")
+    if path == "/debug/evidence":
+        raise ValueError("cannot be /debug/evidence: the evidence of stalled runs is served there")
+
+
+def _regex(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"is not a valid regular expression: {exc}") from None
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    kind: Kind
+    default: Any
+    help: str
+    env: str | None = None  # environment variable read when neither a flag nor the file sets it
+    reloadable: bool = False  # SIGHUP applies a new value without a restart
+
+    @property
+    def name(self) -> str:
+        """The attribute of :class:`Options` that holds it."""
+        return attr(self.flag)
+
+    def parse(self, value: Any) -> Any:
+        """The value of ``value`` for this option; ValueError says what is wrong with it."""
+        if value is None and self.default is None:
+            return None  # an option that is unset by default may be unset explicitly (``null``)
+        return self.kind.parse(value)
+
+
+def attr(flag: str) -> str:
+    """The Options attribute of a flag: ``web.listen-address`` -> ``web_listen_address``."""
+    return flag.replace(".", "_").replace("-", "_")
+
+
+def _option(flag: str, kind: Kind, default: Any, help: str, env: str | None = None,
+            reloadable: bool = False) -> Any:
+    option = Option(flag, kind, default, help, env, reloadable)
+    return field(default=default, metadata={"option": option})
+
+
+TEXT, COUNT, SWITCH, DURATION = Text(), Count(), Switch(), Duration()
+
+
+@dataclass(frozen=True)
+class Options:
+    """The exporter's options, typed; durations are floats of seconds."""
+
+    web_listen_address: str = _option(
+        "web.listen-address", Text("[HOST]:PORT"), f":{DEFAULT_PORT}", "address to serve on, [HOST]:PORT")
+    web_telemetry_path: str = _option(
+        "web.telemetry-path", Text("PATH", check=_telemetry_path), "/metrics", "path under which to expose metrics",
+        reloadable=True)
+    web_config_file: str | None = _option(
+        "web.config.file", Text("FILE"), None,
+        "exporter-toolkit web config (YAML): TLS, basic auth, response headers", reloadable=True)
+    source: tuple[str, ...] = _option(
+        "source", Paths(), (), "verl FileLogger JSONL file or console log to follow; a path or a glob (repeatable)",
+        reloadable=True)
+    source_format: str = _option(
+        "source.format", Choice(*SOURCE_FORMATS), "auto",
+        "jsonl, console, config (a run's config), or auto (.jsonl/.json are JSONL, .yaml a run's config, "
+        "others console)", reloadable=True)
+    run_config: str | None = _option(
+        "run.config", Text("FILE"), None, "the run config: hydra's .hydra/config.yaml or a saved config print, "
+        "when the logs followed do not print it (a JSONL-only run)")
+    source_poll_interval: float = _option(
+        "source.poll-interval", Duration(positive=True), 0.5, "time between reads of the sources", reloadable=True)
+    source_max_open_files: int = _option(
+        "source.max-open-files", COUNT, 256, "cap on log files held open at once; others are reopened by path "
+        "and inode when they grow")
+    project: str | None = _option(
+        "project", TEXT, None, "trainer.project_name of the run; on a node without logs, the run its GPUs work for "
+        "(default: $VERL_EXPORTER_PROJECT, else from the run config verl prints, else the source file's directory "
+        "name)", env="VERL_EXPORTER_PROJECT", reloadable=True)
+    experiment: str | None = _option(
+        "experiment", TEXT, None, "trainer.experiment_name of the run; on a node without logs, the run its GPUs "
+        "work for (default: $VERL_EXPORTER_EXPERIMENT, else from the run config verl prints, else the source "
+        "file's name)", env="VERL_EXPORTER_EXPERIMENT", reloadable=True)
+    node_max_runs: int = _option(
+        "node.max-runs", COUNT, 8, "most unfinished runs followed for which this node's GPUs and host still count "
+        "as theirs; an exporter following more reads a shared log directory and is none of their nodes (then "
+        "only the run of --project/--experiment counts)")
+    collector_training: bool = _option("collector.training", SWITCH, True, "training metrics from the sources")
+    collector_gpu: bool = _option("collector.gpu", SWITCH, True, "GPU metrics through NVML")
+    collector_host: bool = _option("collector.host", SWITCH, True, "host and job metrics through psutil")
+    job_pid: int | None = _option(
+        "job.pid", Count(), None, "PID of the training job; its child processes count too")
+    job_match: str | None = _option(
+        "job.match", Text("REGEX", check=_regex), None, "regular expression on the command line of the job's processes")
+    gpu_timeout: float = _option("gpu.timeout", Duration(positive=True), 2.0, "time one scrape may spend in NVML")
+    gpu_pcie_throughput: bool = _option(
+        "gpu.pcie-throughput", SWITCH, False, "also sample PCIe throughput (NVML takes ~20 ms per GPU and "
+        "direction for it)")
+    gpu_fake: str | None = _option(
+        "gpu.fake", Text("SCENARIO[:COUNT]"), None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)")
+    store_max_series_per_run: int = _option(
+        "store.max-series-per-run", COUNT, 2000, "cap on exported series per run")
+    store_max_runs: int = _option("store.max-runs", COUNT, 1000, "cap on runs followed")
+    store_retention: float = _option(
+        "store.retention", DURATION, 0.0, "drop a finished run this long after its last line was written; 0 keeps it")
+    store_idle_retention: float = _option(
+        "store.idle-retention", DURATION, 0.0, "drop a run with no new step for this long; 0 keeps it")
+    forensics: bool = _option(
+        "forensics", SWITCH, True, "capture evidence (py-spy stacks, log tails, errors, GPUs) once per stall of a "
+        "run, served at /debug/evidence")
+    forensics_stall_after: float = _option(
+        "forensics.stall-after", Duration(positive=True), 600.0, "a run stalls after no step for this long, or "
+        "for 5 times its median step time where that is longer")
+    forensics_check_interval: float = _option(
+        "forensics.check-interval", Duration(positive=True), 15.0, "how often the runs are checked for a stall")
+    forensics_dir: str | None = _option(
+        "forensics.dir", Text("DIR"), None, "directory to write each capture to, one file each (default: memory "
+        "only)")
+    forensics_retention: int = _option(
+        "forensics.retention", COUNT, 50, "evidence files kept in --forensics.dir: the newest N")
+    simulate: str | None = _option(
+        "simulate", Text("SCENARIO"), None, "also write a simulated verl run with this scenario and follow it")
+    simulate_format: str = _option(
+        "simulate.format", Choice("jsonl", "console"), "console", "format of the simulated run")
+    simulate_interval: float = _option("simulate.interval", DURATION, 1.0, "time between simulated steps")
+    simulate_dir: str | None = _option(
+        "simulate.dir", Text("DIR"), None, "directory for the simulated run's file (default: a temp dir)")
+    log_level: str = _option(
+        "log.level", Choice("debug", "info", "warn", "error", aliases={"warning": "warn"}), "info",
+        "how much to log", reloadable=True)
+
+
+OPTIONS: tuple[Option, ...] = tuple(item.metadata["option"] for item in dataclasses.fields(Options))
+_BY_FLAG = {option.flag: option for option in OPTIONS}
+assert all(item.name == option.name for item, option in zip(dataclasses.fields(Options), OPTIONS))
+
+
+def changed(old: Options, new: Options) -> list[Option]:
+    """The options whose values differ between ``old`` and ``new``, in table order."""
+    return [option for option in OPTIONS if getattr(old, option.name) != getattr(new, option.name)]
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line and exit code 2, not the whole usage text."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+RELOAD_MARK = "reloaded on SIGHUP"
+
+
+def _help(option: Option) -> str:
+    notes = [f"default: {option.kind.show(option.default)}"] if option.default not in (None, ()) else []
+    if option.reloadable:
+        notes.append(RELOAD_MARK)
+    text = f"{option.help} ({'; '.join(notes)})" if notes else option.help
+    return text.replace("%", "%%")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="verl-exporter",
+        description="Prometheus exporter for verl training runs, their GPUs and host. "
+                    "Subcommand: 'verl-exporter simulate --help' writes a simulated run.",
+        epilog=f"Durations: 500ms, 30s, 10m, 1h30m, 7d, or a bare number of seconds. SIGHUP reads --config.file "
+               f"and --web.config.file again: options marked '{RELOAD_MARK}' take effect at once, the others at "
+               f"the next start.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--version", action="version", version=f"verl-exporter {__version__}")
+    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
+                        help=f"YAML options file: any of these options by flag name, e.g. 'gpu.timeout: 2s' "
+                             f"({RELOAD_MARK})")
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": option.name, "help": _help(option)}
+        if isinstance(option.kind, Switch):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif isinstance(option.kind, Paths):
+            kwargs["action"] = "append"
+            kwargs["metavar"] = option.kind.metavar
+        else:
+            kwargs["metavar"] = option.kind.metavar
+        parser.add_argument(f"--{option.flag}", **kwargs)
+    return parser
+
+
+def load_options(argv: list[str]) -> Options:
+    """Options from flags, the options file and the environment; argparse exits 2 on an unknown
+    flag, OptionsError for a value that cannot be used."""
+    given = vars(build_parser().parse_args(argv))
+    from_file, path = _read_file(given.get("config_file")), given.get("config_file")
+    values = {}
+    for option in OPTIONS:
+        if option.name in given:
+            where, value = f"--{option.flag}", given[option.name]
+        elif option.flag in from_file:
+            where, value = f"options file {path}: {option.flag}", from_file[option.flag]
+        elif option.env and os.environ.get(option.env):
+            where, value = f"${option.env} (--{option.flag})", os.environ[option.env]
+        else:
+            values[option.name] = option.default
+            continue
+        try:
+            values[option.name] = option.parse(value)
+        except ValueError as exc:
+            raise OptionsError(f"{where} {exc}".replace("\n", " ")) from None
+    return Options(**values)
+
+
+def log_level(options: Options) -> str:
+    """The logging module's name of ``--log.level``."""
+    return {"warn": "WARNING"}.get(options.log_level, options.log_level.upper())
+
+
+def _read_file(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionsError(f"cannot read options file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    except yaml.YAMLError as exc:
+        raise OptionsError(f"options file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise OptionsError(f"options file {path}: want a mapping of options, got {type(data).__name__}")
+    unknown = sorted(map(str, set(data) - set(_BY_FLAG)))
+    if unknown:
+        raise OptionsError(f"options file {path}: unknown option(s) {', '.join(unknown)}")
+    return data
