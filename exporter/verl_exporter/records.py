@@ -34,7 +34,7 @@ class Record:
     NaN or +/-Inf, or, where a source defers the conversion, to the number's text (``"0.125"``):
     the store converts it when it is scraped. ``time`` is the wall-clock time (unix seconds) at which the record was read.
     ``finished`` is set when the source saw verl's end-of-training marker; ``source`` names the
-    file the record came from. A record that carries the run's ``settings`` (its config, flattened
+    file the record came from. A record that carries the run's ``run_config`` (verl's config, flattened
     to dotted keys) or its ``total_steps`` (verl's ``Total training steps: N``) tells the store
     about the run, not about a step: its ``step`` and ``values`` are not used. So does one with a
     ``checkpoint_step``: verl started saving the checkpoint of that step (its
@@ -49,7 +49,7 @@ class Record:
     time: float = 0.0
     finished: bool = False
     source: str = ""
-    settings: dict[str, float | int | str | bool | None] | None = None
+    run_config: dict[str, float | int | str | bool | None] | None = None
     total_steps: int | None = None
     checkpoint_step: int | None = None
     error: str | None = None

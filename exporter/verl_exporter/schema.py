@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+Built = GaugeMetricFamily | CounterMetricFamily  # what ``Family.new`` gives: a family samples are added to
 RUN = ("project", "experiment")
 GPU = ("gpu", "uuid")
 # The sample names a family ``N`` can show, in either exposition format, whatever its type.
@@ -31,7 +32,7 @@ class Family:
     labels: tuple[str, ...] = ()
     optional: bool = False  # a per-run family served only where some run has a sample
 
-    def new(self, extra_labels: tuple[str, ...] | list[str] = ()) -> GaugeMetricFamily | CounterMetricFamily:
+    def new(self, extra_labels: tuple[str, ...] | list[str] = ()) -> Built:
         """A fresh, empty client_python family of this entry."""
         kind = CounterMetricFamily if self.type == "counter" else GaugeMetricFamily
         return kind(self.name, self.help, labels=[*self.labels, *extra_labels])

@@ -188,7 +188,7 @@ class RunStore:
             state.version = self._version
             if state.started_at is None or record.time < state.started_at:
                 state.started_at = record.time
-            if record.settings is not None or record.total_steps is not None:
+            if record.run_config is not None or record.total_steps is not None:
                 self._describe(state, record)
                 return
             if record.source:
@@ -237,7 +237,7 @@ class RunStore:
         """A place for a run not seen yet: None for a record of a run already past its idle
         retention (a backlog being read again), or when the run cap is reached even after dropping
         the runs retention lets go (logged once, counted)."""
-        describes = record.settings is not None or record.total_steps is not None
+        describes = record.run_config is not None or record.total_steps is not None
         if self.idle_retention and not describes and self.clock() - record.time > self.idle_retention:
             return None
         if len(self._runs) >= self.max_runs:
@@ -298,8 +298,8 @@ class RunStore:
 
     def _describe(self, state: RunState, record: Record) -> None:
         """Take a record about the run: its settings (config) and its length."""
-        if record.settings is not None:
-            state.config, state.config_info = run_settings.pick(self.catalog, record.settings)
+        if record.run_config is not None:
+            state.config, state.config_info = run_settings.pick(self.catalog, record.run_config)
             configured = run_settings.total_steps(state.config)
             if configured is not None and not state.total_from_log:
                 state.total_steps = configured

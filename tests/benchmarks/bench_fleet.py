@@ -117,11 +117,13 @@ _PLAIN_SERVER = """
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 body = open(sys.argv[2], "rb").read()
+gzipped = body[:2] == b"\x1f\x8b"
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Encoding", "gzip")
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -174,31 +176,10 @@ def bench_runs(work: Path, code: Path, runs: int, scrapes: int = 40) -> tuple[di
         for _ in range(5):
             exporter.get("/metrics", SCRAPE_HEADERS)
         status, body = exporter.get("/metrics", SCRAPE_HEADERS)
-        (work / "body.gz").write_bytes(body)
-        plain_port = free_port()
-        plain = subprocess.Popen([sys.executable, "-c", _PLAIN_SERVER, str(plain_port), str(work / "body.gz")])
-        try:
-            plain_url = f"http://127.0.0.1:{plain_port}/metrics"
-            deadline = time.perf_counter() + 30
-            while True:
-                try:
-                    scrape(plain_url, timeout=2)
-                    break
-                except OSError:
-                    if time.perf_counter() > deadline:
-                        raise BenchmarkError("the plain HTTP server did not start")
-                    time.sleep(0.05)
-            ours, theirs = [], []
-            for index in range(scrapes):
-                pair = [(exporter.url + "/metrics", ours), (plain_url, theirs)]
-                for url, times in (pair if index % 2 == 0 else pair[::-1]):
-                    got, _, seconds = scrape(url, SCRAPE_HEADERS)
-                    if got != 200:
-                        raise BenchmarkError(f"{url} answered {got}")
-                    times.append(seconds)
-        finally:
-            plain.terminate()
-            plain.wait()
+        ours, theirs = _against_plain(work, exporter.url + "/metrics", body, SCRAPE_HEADERS, scrapes)
+        identity = {**SCRAPE_HEADERS, "Accept-Encoding": "identity"}
+        _, text_body = exporter.get("/metrics", identity)
+        ours_text, theirs_text = _against_plain(work, exporter.url + "/metrics", text_body, identity, scrapes)
         changed = []
         for round_ in range(3):  # every run logs a step; the next full scrape renders all of them anew
             step = 3 + round_
@@ -214,19 +195,59 @@ def bench_runs(work: Path, code: Path, runs: int, scrapes: int = 40) -> tuple[di
                     break
     text = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
     figures = {"ours": summary(ours), "plain": summary(theirs), "after_every_run_changed": summary(changed),
+               "ours_uncompressed": summary(ours_text), "plain_uncompressed": summary(theirs_text),
                "body_bytes": len(text), "gzip_bytes": len(body),
                "series": sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))}
     figures["ratio_median"] = figures["ours"]["median"] / figures["plain"]["median"]
+    figures["ratio_median_uncompressed"] = (figures["ours_uncompressed"]["median"]
+                                            / figures["plain_uncompressed"]["median"])
     ms = 1000
     rows = [
         Row(f"{runs} runs: scrape median", figures["ours"]["median"] * ms, "ms"),
         Row(f"{runs} runs: plain server, same bytes, median", figures["plain"]["median"] * ms, "ms"),
         Row(f"{runs} runs: ratio of medians", figures["ratio_median"], "x", "<= 3", figures["ratio_median"] <= 3),
+        Row(f"{runs} runs: uncompressed scrape median", figures["ours_uncompressed"]["median"] * ms, "ms"),
+        Row(f"{runs} runs: plain server, same bytes uncompressed, median",
+            figures["plain_uncompressed"]["median"] * ms, "ms"),
+        Row(f"{runs} runs: uncompressed ratio of medians", figures["ratio_median_uncompressed"], "x", "<= 5",
+            figures["ratio_median_uncompressed"] <= 5),
         Row(f"{runs} runs: scrape after every run changed, median", figures["after_every_run_changed"]["median"] * ms,
             "ms"),
         Row(f"{runs} runs: series", figures["series"], "series"),
     ]
     return figures, rows
+
+
+def _against_plain(work: Path, url: str, body: bytes, headers: dict, scrapes: int) -> tuple[list, list]:
+    """Scrape times of ``url`` and of a plain HTTP server (another process) sending ``body``, in
+    alternating order."""
+    (work / "body").write_bytes(body)
+    plain_port = free_port()
+    plain = subprocess.Popen([sys.executable, "-c", _PLAIN_SERVER, str(plain_port), str(work / "body")])
+    try:
+        plain_url = f"http://127.0.0.1:{plain_port}/metrics"
+        deadline = time.perf_counter() + 30
+        while True:
+            try:
+                scrape(plain_url, timeout=2)
+                break
+            except OSError:
+                if time.perf_counter() > deadline:
+                    raise BenchmarkError("the plain HTTP server did not start") from None
+                time.sleep(0.05)
+        ours: list[float] = []
+        theirs: list[float] = []
+        for index in range(scrapes):
+            pair = [(url, ours), (plain_url, theirs)]
+            for target, times in (pair if index % 2 == 0 else pair[::-1]):
+                got, _, seconds = scrape(target, headers)
+                if got != 200:
+                    raise BenchmarkError(f"{target} answered {got}")
+                times.append(seconds)
+    finally:
+        plain.terminate()
+        plain.wait()
+    return ours, theirs
 
 
 def bench_backlog(work: Path, code: Path, cache: Path, files: int, mb: float) -> tuple[dict, list[Row]]:

@@ -8,7 +8,7 @@ from verl_exporter.store import RunStore
 
 
 def _config(name: str, moment: float) -> Record:
-    return Record(RunKey("shared", name), 0, {}, moment, settings={"trainer.project_name": "shared"})
+    return Record(RunKey("shared", name), 0, {}, moment, run_config={"trainer.project_name": "shared"})
 
 
 def test_a_run_that_steps_takes_the_place_of_the_oldest_stepless_run():

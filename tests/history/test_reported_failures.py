@@ -89,7 +89,7 @@ def write_failure(failure: Failure, path: Path) -> None:
             break
         values: dict[str, float] = {}
         for record in step.records:
-            if record.settings is None and record.total_steps is None and not record.finished:
+            if record.run_config is None and record.total_steps is None and not record.finished:
                 values.update({key: float(value) for key, value in record.values.items()})
         if not values:
             continue

@@ -45,7 +45,7 @@ def test_the_cached_text_equals_client_pythons_through_changes():
     store.ingest(Record(RunKey('q"uo\\te', "new\nline"), 1, VALUES, 100.0))
     store.ingest(Record(RunKey("p0", "e0"), 2, {}, 100.0, finished=True))
     store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, total_steps=50))
-    store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, settings={"trainer": {"total_epochs": 3}}))
+    store.ingest(Record(RunKey("p0", "e2"), 2, {}, 100.0, run_config={"trainer": {"total_epochs": 3}}))
     store.parse_error("x.log", "bad")
     store.source_state("x.log", None)
     same(registry)

@@ -57,7 +57,7 @@ def _served(store):
 
 def test_the_store_counts_errors_by_kind_keeps_the_latest_lines_and_no_step():
     store = RunStore(default_catalog())
-    store.ingest(Record(RUN, 0, {}, time=50.0, settings={"trainer.project_name": "search"}))
+    store.ingest(Record(RUN, 0, {}, time=50.0, run_config={"trainer.project_name": "search"}))
     for index in range(ERROR_LINES + 5):
         store.ingest(Record(RUN, 0, {}, time=60.0 + index, error="traceback", line=f"Traceback {index}"))
     store.ingest(Record(RUN, 0, {}, time=99.0, error="cuda_oom", line="CUDA out of memory"))
@@ -102,7 +102,7 @@ def test_errors_before_the_run_is_known_name_no_run_of_their_own(tmp_path):
                    "(WorkerDict pid=3) torch.OutOfMemoryError: CUDA out of memory.\n")
     keep = RecordKeeper()
     Source(str(log), keep).poll()
-    assert [(record.run, record.error) for record in keep.records if record.settings is None] == [(RUN, "cuda_oom")]
+    assert [(record.run, record.error) for record in keep.records if record.run_config is None] == [(RUN, "cuda_oom")]
     named = RecordKeeper()
     Source(str(log), named, project="search", experiment="ppo").poll()
-    assert [record.error for record in named.records if record.settings is None] == ["traceback", "cuda_oom"]
+    assert [record.error for record in named.records if record.run_config is None] == ["traceback", "cuda_oom"]

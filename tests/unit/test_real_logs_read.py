@@ -54,9 +54,9 @@ def test_a_real_log_reads_without_errors_and_names_its_run_from_its_config(path,
     assert store.errors == []
     assert [r.getMessage() for r in caplog.records if "config" in r.getMessage()] == []
     assert store.records
-    settings = [record for record in store.records if record.settings]
+    settings = [record for record in store.records if record.run_config]
     if has_config_print(path):
         assert len(settings) == 1
-        flat = settings[0].settings
+        flat = settings[0].run_config
         names = (flat["trainer.project_name"], flat["trainer.experiment_name"])
         assert {(record.run.project, record.run.experiment) for record in store.records} == {names}

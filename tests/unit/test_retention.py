@@ -113,7 +113,7 @@ def test_an_old_config_file_neither_makes_a_run_idle_nor_is_refused():
     clock = Clock()
     store = make_store(clock, idle_retention=HOUR)
     store.ingest(Record(RunKey("p", "configured"), 0, {}, clock.now - 5 * HOUR,
-                        settings={"trainer": {"total_epochs": 2}}))
+                        run_config={"trainer": {"total_epochs": 2}}))
     assert runs(store) == ["configured"]  # no step yet: nothing to be idle from
     step(store, "configured", 1, clock.now)
     clock.now += HOUR - 1

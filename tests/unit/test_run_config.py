@@ -427,7 +427,7 @@ def test_the_end_marker_finishes_a_run_of_unknown_length_and_a_trailing_source_k
 def test_the_logged_total_wins_over_the_configured_one_and_aliases_map_to_the_newest_key():
     store = make_store()
     store.ingest(Record(RUN, 0, {}, total_steps=105))
-    store.ingest(Record(RUN, 0, {}, settings={"trainer.total_training_steps": 50, "trainer.project_name": "x",
+    store.ingest(Record(RUN, 0, {}, run_config={"trainer.total_training_steps": 50, "trainer.project_name": "x",
                                               "actor_rollout_ref.actor.optim.clip_grad": 5,
                                               "actor_rollout_ref.rollout.response_length": 2048,
                                               "actor_rollout_ref.actor.optim.lr": "1e-06",
@@ -442,7 +442,7 @@ def test_the_logged_total_wins_over_the_configured_one_and_aliases_map_to_the_ne
 
 def test_settings_length_and_end_are_served():
     store = make_store()
-    store.ingest(Record(RUN, 0, {}, settings=flatten(CONFIG)))
+    store.ingest(Record(RUN, 0, {}, run_config=flatten(CONFIG)))
     store.ingest(Record(RUN, 0, {}, total_steps=2))
     store.ingest(Record(RUN, 1, {"actor/pg_clipfrac": 0.0008}))
     store.ingest(Record(RunKey("gsm8k", "unknown"), 1, {"actor/pg_clipfrac": 0.1}))

@@ -93,7 +93,7 @@ def test_console_log_with_finished_marker(tmp_path):
     assert Source(str(tmp_path / "train.log"), store).poll() == 10
     assert store.errors == []
     config, total, *steps = store.records
-    assert config.settings["actor_rollout_ref.actor.clip_ratio"] == 0.2 and total.total_steps == 105
+    assert config.run_config["actor_rollout_ref.actor.clip_ratio"] == 0.2 and total.total_steps == 105
     assert [(r.step, r.finished, r.checkpoint_step) for r in steps] == [
         (0, False, None), (1, False, None), (2, False, None), (3, False, None), (4, False, None),
         (4, False, 5), (5, False, None), (5, True, None)

@@ -35,5 +35,5 @@ class EvidenceCollector:
         return [family for family in (captured, frames) if family.samples]
 
     @staticmethod
-    def _families() -> tuple[Metric, Metric]:
+    def _families() -> tuple[schema.Built, schema.Built]:
         return schema.EVIDENCE["captured"].new(), schema.EVIDENCE["top_frame"].new()

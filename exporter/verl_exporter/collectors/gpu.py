@@ -122,7 +122,7 @@ class GpuCollector:
             xid_counts=backend.xid_counts(),
         )
 
-    def _build(self, snap: GpuSnapshot) -> dict[str, Metric]:
+    def _build(self, snap: GpuSnapshot) -> dict[str, schema.Built]:
         fams = self._families()
         fams["gpus"].add_metric([], snap.count)
         uuids = {r.index: r.uuid or "" for r in snap.readings}
@@ -155,7 +155,7 @@ class GpuCollector:
             self._add_job(fams, snap)
         return fams
 
-    def _add_job(self, fams: dict[str, Metric], snap: GpuSnapshot) -> None:
+    def _add_job(self, fams: dict[str, schema.Built], snap: GpuSnapshot) -> None:
         pids = {p.pid for p in self.job.processes()}
         used_bytes, gpus = 0, 0
         for procs in snap.processes.values():
@@ -165,10 +165,10 @@ class GpuCollector:
         fams["job_memory"].add_metric([], used_bytes)
         fams["job_gpus"].add_metric([], gpus)
 
-    def _families(self) -> dict[str, Metric]:
+    def _families(self) -> dict[str, schema.Built]:
         """Fresh, empty families for every series this collector can emit (schema.GPUS, and
         schema.JOB_GPUS with a job selector)."""
-        fams: dict[str, Metric] = {key: family.new() for key, family in schema.GPUS.items()}
+        fams: dict[str, schema.Built] = {key: family.new() for key, family in schema.GPUS.items()}
         if self.job is not None:
             fams.update((f"job_{key}", family.new()) for key, family in schema.JOB_GPUS.items())
         return fams

@@ -104,9 +104,9 @@ class HostCollector:
             return None
 
     @staticmethod
-    def _host_families() -> dict[str, Metric]:
+    def _host_families() -> dict[str, schema.Built]:
         return {key: family.new() for key, family in schema.HOST.items()}
 
     @staticmethod
-    def _job_families() -> dict[str, Metric]:
+    def _job_families() -> dict[str, schema.Built]:
         return {key: family.new() for key, family in schema.JOB.items()}

@@ -81,14 +81,14 @@ class TrainingCollector:
     def describe(self) -> Iterable[Metric]:
         return [*self.new_run_families().values(), *self.new_store_families().values()]
 
-    def new_run_families(self) -> dict[str, Metric]:
+    def new_run_families(self) -> dict[str, schema.Built]:
         """Empty per-run families, by schema key (``verl_run_config_info`` with the catalog's labels)."""
         info_labels = run_settings.info_labels(self.store.catalog)
         return {key: family.new(info_labels if key == "config_info" else ())
                 for key, family in schema.TRAINING_RUN.items()}
 
     @staticmethod
-    def new_store_families() -> dict[str, Metric]:
+    def new_store_families() -> dict[str, schema.Built]:
         """Empty exporter-wide families of the store, by schema key."""
         return {key: family.new() for key, family in schema.TRAINING_STORE.items()}
 
@@ -117,12 +117,12 @@ class TrainingCollector:
         store = self.store_families(snapshot)
         return [*families.values(), *store.values(), *(logged[name] for name in sorted(logged))]
 
-    def _checked_run_families(self, state: RunState) -> dict[str, Metric]:
+    def _checked_run_families(self, state: RunState) -> dict[str, schema.Built]:
         families = self.run_families(state)
         check_renderable(list(families.values()))
         return families
 
-    def run_families(self, state: RunState, logged: bool = True) -> dict[str, Metric]:
+    def run_families(self, state: RunState, logged: bool = True) -> dict[str, schema.Built]:
         """One run's families: the per-run ones by schema key (``last_step``, ...), the logged series
         by metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
         families = self.new_run_families()
@@ -167,7 +167,7 @@ class TrainingCollector:
             family.add_metric(run + list(label_values), value)
         return out
 
-    def store_families(self, snapshot: StoreSnapshot) -> dict[str, Metric]:
+    def store_families(self, snapshot: StoreSnapshot) -> dict[str, schema.Built]:
         """The exporter-wide families of the store: parse errors, dropped values, sources, runs."""
         families = self.new_store_families()
         for source, count in sorted(snapshot.parse_errors.items()):

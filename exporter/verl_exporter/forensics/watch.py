@@ -123,8 +123,7 @@ class StallWatch:
 
     def state(self, run: RunKey) -> RunState | None:
         """A full copy of one run's state (errors, checkpoint, values) as the store holds it now."""
-        known = {key: version for key, version in self._versions.items() if key != run}
-        return next((state for state in self.store.snapshot(known=known).runs if state.run == run), None)
+        return self.store.run(run)
 
     def _read_store(self) -> None:
         snapshot = self.store.snapshot(known=self._versions, since=self._serial)

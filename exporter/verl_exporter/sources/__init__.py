@@ -301,7 +301,7 @@ class Source:
         if names is not None and state.last_step is None:  # a config printed later: the same run
             state.run = RunKey(self.project or names[0], self.experiment or names[1])
         state.named = True
-        return Record(state.run, state.last_step or 0, {}, now, source=state.path, settings=flat)
+        return Record(state.run, state.last_step or 0, {}, now, source=state.path, run_config=flat)
 
     def _add_config_line(self, state: _FileState, line: str) -> None:
         state.config_chars += len(line) + 1
@@ -333,7 +333,7 @@ class Source:
             raise ParseError("not a verl config: no trainer.project_name and trainer.experiment_name")
         project, experiment = names or (self.project, self.experiment)
         state.run = RunKey(self.project or project, self.experiment or experiment)
-        return Record(state.run, 0, {}, now, source=state.path, settings=flat)
+        return Record(state.run, 0, {}, now, source=state.path, run_config=flat)
 
     def _name_run_from_config(self, state: _FileState, line: str) -> None:
         """verl prints its config before the first step; its trainer.project_name and
