@@ -213,7 +213,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--alertmanager-port", type=int, default=19093)
     parser.add_argument("--receiver-port", type=int, default=19094)
     parser.add_argument("--dir", default=str(REPO / ".demo"), help="working directory (wiped at start)")
-    parser.add_argument("--exit-after", type=float, default=0, help="stop after this many seconds (0: run until Ctrl-C)")
+    parser.add_argument("--exit-after", type=float, default=0,
+                        help="stop after this many seconds (0: run until Ctrl-C)")
     parser.add_argument("--until", metavar="TEXT",
                         help="exit 0 once a notification mentions TEXT, e.g. an alert name (1 if none does "
                              "before --exit-after)")

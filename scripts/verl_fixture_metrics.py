@@ -19,7 +19,7 @@ def agent_loop_timing(w, out, b):
             return 0.0
 
     samples = []
-    for i in range(b):
+    for _ in range(b):
         s = PerSample(
             generate_sequences=8.0 + 10 * float(w.rand(1)),
             tool_calls=1.5 * float(w.rand(1)) if w.run == "agent" else 0.0,

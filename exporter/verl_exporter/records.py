@@ -32,7 +32,8 @@ class Record:
 
     ``values`` maps the verl key exactly as logged (``actor/pg_clipfrac``) to a float, which may be
     NaN or +/-Inf, or, where a source defers the conversion, to the number's text (``"0.125"``):
-    the store converts it when it is scraped. ``time`` is the wall-clock time (unix seconds) at which the record was read.
+    the store converts it when it is scraped. ``time`` is the wall-clock time (unix seconds) at
+    which the record was read.
     ``finished`` is set when the source saw verl's end-of-training marker; ``source`` names the
     file the record came from. A record that carries the run's ``run_config`` (verl's config, flattened
     to dotted keys) or its ``total_steps`` (verl's ``Total training steps: N``) tells the store

@@ -1,7 +1,8 @@
 """Fleet overview: every run in one table, how many are healthy, warning or stalled, and the fleet's GPUs.
 
 A run is *stalled* when its last step is older than ``STALLED_AFTER_SECONDS`` and verl has not
-reported the end of training, or while the VerlTrainingStalled alert fires for it; *warning* when an alert of severity warning or critical fires for it
+reported the end of training, or while the VerlTrainingStalled alert fires for it; *warning* when an
+alert of severity warning or critical fires for it
 (and it is not stalled); *healthy* otherwise. Each table row links to the run detail dashboard.
 """
 
@@ -14,9 +15,26 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, Dynam
 
 from . import run_detail
 from .common import (
-    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUNS, STALLED_AFTER_SECONDS, datasource_variable,
-    healthy_steps, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
-    thresholds, timeseries_panel, to_json, unit_of,
+    DATASOURCE,
+    GREEN,
+    NEUTRAL,
+    ORANGE,
+    RED,
+    RUNS,
+    STALLED_AFTER_SECONDS,
+    datasource_variable,
+    healthy_steps,
+    new_dashboard,
+    query,
+    run_variables,
+    since_last_step_steps,
+    spec,
+    stat_panel,
+    steps,
+    thresholds,
+    timeseries_panel,
+    to_json,
+    unit_of,
 )
 
 UID = "verl-fleet"
@@ -26,7 +44,8 @@ BY_RUN = "project, experiment"
 RUN_SET = f"group by ({BY_RUN}) (verl_training_run_info{{{RUNS}}})"
 FIRING = f'group by ({BY_RUN}) (ALERTS{{alertstate="firing", severity=~"warning|critical", {RUNS}}})'
 STALLED = (f"group by ({BY_RUN}) ((time() - max by ({BY_RUN}) (verl_training_last_step_timestamp_seconds{{{RUNS}}}))"
-           f" > {STALLED_AFTER_SECONDS}) unless on({BY_RUN}) (max by ({BY_RUN}) (verl_training_finished{{{RUNS}}}) == 1)"
+           f" > {STALLED_AFTER_SECONDS})"
+           f" unless on({BY_RUN}) (max by ({BY_RUN}) (verl_training_finished{{{RUNS}}}) == 1)"
            f' or group by ({BY_RUN}) (ALERTS{{alertname="VerlTrainingStalled", alertstate="firing", {RUNS}}})')
 
 RUN_LINK = (f"/d/{run_detail.UID}/?${{datasource:queryparam}}&var-project=${{__data.fields.project}}"

@@ -10,8 +10,22 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import (
-    GREEN, NEUTRAL, ORANGE, RED, RUNS, SYSTEM, datasource_variable, new_dashboard, query,
-    query_variable, run_variables, spec, stat_panel, steps, timeseries_panel, to_json,
+    GREEN,
+    NEUTRAL,
+    ORANGE,
+    RED,
+    RUNS,
+    SYSTEM,
+    datasource_variable,
+    new_dashboard,
+    query,
+    query_variable,
+    run_variables,
+    spec,
+    stat_panel,
+    steps,
+    timeseries_panel,
+    to_json,
 )
 from .run_detail import GPU_BUSY_RATIO, GPU_CRITICAL_CELSIUS, GPU_HOT_CELSIUS, GPU_LEGEND
 
@@ -89,7 +103,8 @@ def utilization_row(dash: db.Dashboard) -> None:
 
 def thermals_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("Temperature, power and clocks"))
-    dash.with_panel(gpu_panel("Temperature", f"GPU core temperature; orange from {GPU_HOT_CELSIUS} °C (VerlGpuHot), red from {GPU_CRITICAL_CELSIUS} °C.", "celsius",
+    dash.with_panel(gpu_panel("Temperature", f"GPU core temperature; orange from {GPU_HOT_CELSIUS} °C (VerlGpuHot), "
+                                             f"red from {GPU_CRITICAL_CELSIUS} °C.", "celsius",
                               steps(GREEN, (GPU_HOT_CELSIUS, ORANGE), (GPU_CRITICAL_CELSIUS, RED)),
                               "verl_gpu_temperature_celsius{{{sel}}}", width=6))
     dash.with_panel(timeseries_panel(

@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for filename, dashboard in build_all().items():
         path = args.out / filename.replace(".json", ".png")
-        render_dashboard(dashboard, prom, path, args.minutes, {**chosen.get("", {}), **chosen.get(dashboard["uid"], {})})
+        render_dashboard(dashboard, prom, path, args.minutes,
+                         {**chosen.get("", {}), **chosen.get(dashboard["uid"], {})})
         print(f"wrote {path}")
     return 0
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchmarkError, Result, Row, environment, metrics_text, print_table, wait_for, write_json  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from common import BenchmarkError, Result, Row, environment, metrics_text, print_table, wait_for, write_json  # noqa: E402
 from servers import start_exporter, start_prometheus  # noqa: E402
 from victoriametrics import start_victoria_metrics, start_vmagent  # noqa: E402
 
@@ -117,7 +117,8 @@ def run(work: Path, *, scrapes: int = 60) -> Result:
         rates = remote_write_rates(work, f"127.0.0.1:{exporter.port}", scrapes)
     counts_every_key = every_key_training_series(work)
     total = sum(counts.values())
-    figures = {"series": counts, "series_total": total, "training_series_every_catalog_key": counts_every_key, "gpu_series_per_gpu": counts["gpu"] / GPUS, **rates}
+    figures = {"series": counts, "series_total": total, "training_series_every_catalog_key": counts_every_key,
+               "gpu_series_per_gpu": counts["gpu"] / GPUS, **rates}
     rows = [Row(f"series: {name}", counts[name]) for name in KINDS]
     rows += [Row("series: total (one node, one run, 8 GPUs)", total),
              Row("series per GPU", counts["gpu"] / GPUS),
@@ -127,7 +128,8 @@ def run(work: Path, *, scrapes: int = 60) -> Result:
         samples = rates[f"{agent}_samples_per_scrape"]
         rows += [Row(f"{agent} remote-write per scrape", per_scrape, "bytes"),
                  Row(f"{agent} remote-write per sample", per_scrape / samples if samples else float("nan"), "bytes")]
-    notes = [f"{rates['vmagent_scrapes']:.0f} vmagent and {rates['prometheus_scrapes']:.0f} Prometheus scrapes measured",
+    notes = [f"{rates['vmagent_scrapes']:.0f} vmagent and {rates['prometheus_scrapes']:.0f} "
+             "Prometheus scrapes measured",
              "bytes are compressed remote-write request bodies (snappy protobuf), headers not counted"]
     return Result(NAME, {"gpus": GPUS, "scrapes": scrapes, "scenario": "healthy"}, figures, rows, notes)
 

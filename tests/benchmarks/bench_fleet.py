@@ -43,7 +43,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    REPO, SCRAPE_HEADERS, BenchmarkError, Result, Row, print_table, scrape, simulated_file, summary, write_json,
+    REPO,
+    SCRAPE_HEADERS,
+    BenchmarkError,
+    Result,
+    Row,
+    print_table,
+    scrape,
+    simulated_file,
+    summary,
+    write_json,
 )
 from servers import Server, free_port  # noqa: E402
 
@@ -117,7 +126,7 @@ _PLAIN_SERVER = """
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 body = open(sys.argv[2], "rb").read()
-gzipped = body[:2] == b"\x1f\x8b"
+gzipped = body[:2] == b"\\x1f\\x8b"
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -377,7 +386,7 @@ def bench_ingest(work: Path, code: Path, cache: Path, mb: float) -> tuple[dict, 
                 pass
         python = size / MB / (time.perf_counter() - started)
         with Exporter(work, code, "--source", str(path), "--source.format", fmt, *common) as exporter:
-            done = exporter.wait(lambda: exporter.last_steps() == [float(steps)], 900, "every step", 0.05)
+            done = exporter.wait(lambda steps=steps: exporter.last_steps() == [float(steps)], 900, "every step", 0.05)
         ours = size / MB / max(done - baseline, 1e-9)
         figures[fmt] = {"bytes": size, "steps": steps, "seconds": done, "baseline_seconds": baseline,
                         "mb_per_s": ours, "python_lines_mb_per_s": python}

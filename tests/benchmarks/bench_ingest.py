@@ -52,7 +52,8 @@ def measure(work: Path, path: Path, fmt: str, steps: int, timeout: float) -> dic
         seconds = time.perf_counter() - started
         cpu = cpu_seconds(exporter.process.pid)
         rss = rss_bytes(exporter.process.pid)
-        errors = sum(value for _, value in sample_values(metrics_text(exporter.url), "verl_exporter_parse_errors_total"))
+        errors = sum(value for _, value in
+                     sample_values(metrics_text(exporter.url), "verl_exporter_parse_errors_total"))
     return {
         "format": fmt,
         "bytes": size,

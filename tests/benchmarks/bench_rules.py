@@ -84,7 +84,8 @@ def write_runs(folder: Path, runs: int, steps: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         scenario = scenarios[index % len(scenarios)]
         items = simulate.generate_steps(scenario, seed=index, stall_after=steps)
-        lines = [simulate.format_jsonl(step, values) for step, values in takewhile(lambda item: item[0] <= steps, items)]
+        lines = [simulate.format_jsonl(step, values)
+                 for step, values in takewhile(lambda item: item[0] <= steps, items)]
         path.write_text("".join(line + "\n" for line in lines))
 
 
@@ -130,7 +131,8 @@ def measure(work: Path, runs: int, rule_sets: dict[str, list[Path]], *, steps: i
     write_runs(folder, runs, steps)
     with start_exporter(work, "--source", str(folder / "*" / "*.jsonl"), "--gpu.fake", "healthy:8",
                         "--store.max-runs", str(max(runs, 1000))) as exporter:
-        wait_for(lambda: [value for _, value in sample_values(metrics_text(exporter.url), "verl_training_runs")] == [runs],
+        wait_for(lambda: [value for _, value in sample_values(metrics_text(exporter.url), "verl_training_runs")]
+                 == [runs],
                  timeout=120, interval=0.5, what=f"{runs} runs in the exporter")
         return {name: _measure_rules(work, exporter, runs, name, files, interval=interval, evaluations=evaluations)
                 for name, files in rule_sets.items()}
@@ -290,7 +292,8 @@ def run(work: Path, *, runs: list[int], steps: int, interval: float, evaluations
             Row(f"{count} runs: firing alerts", result["alerts"], "alerts"),
             Row(f"{count} runs: pending and firing alerts", result["active_alerts"], "alerts"),
             Row(f"{count} runs: scrape duration", result["scrape_seconds"] * 1000, "ms"),
-            Row(f"{count} runs: Prometheus CPU per evaluation interval, rules", rule_cpu(result, results["none"]) * 1000,
+            Row(f"{count} runs: Prometheus CPU per evaluation interval, rules",
+                rule_cpu(result, results["none"]) * 1000,
                 "ms", "CPU with the rules minus CPU without any"),
         ]
         figures["no_rules_by_runs"][str(count)] = results["none"]

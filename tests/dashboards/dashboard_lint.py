@@ -37,7 +37,8 @@ def datasource_rule(dashboard: dict) -> list[str]:
         problems.append("needs exactly one datasource variable named 'datasource' of type prometheus")
     users = [(f"panel {p.get('title')!r}", p.get("datasource")) for p in panels(dashboard)]
     users += [(f"target of {title!r}", t.get("datasource")) for title, t in targets(dashboard)]
-    users += [(f"variable {v['name']!r}", v.get("datasource")) for v in variables(dashboard) if v.get("type") == "query"]
+    users += [(f"variable {v['name']!r}", v.get("datasource"))
+              for v in variables(dashboard) if v.get("type") == "query"]
     users += [(f"annotation {a.get('name')!r}", a.get("datasource"))
               for a in dashboard.get("annotations", {}).get("list", [])]
     for where, ref in users:

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servers import require_binary
 from verl_exporter.catalog import default_catalog
-from verl_exporter.schema import reserved_names
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.schema import reserved_names
 from verl_exporter.sources import Source
 from verl_exporter.store import RunStore
 
@@ -87,7 +87,8 @@ class Choices:
     def key(self) -> str:
         kind = self.byte() % 5
         return (self.pick(KEYS) if kind == 0 else self.pick(OWN_KEYS) if kind == 1 else self.text() if kind == 2 else
-                self.pick(KEYS) + self.text(4) if kind == 3 else self.raw(self.byte() % 12).decode("utf-8", "surrogateescape"))
+                self.pick(KEYS) + self.text(4) if kind == 3 else
+                self.raw(self.byte() % 12).decode("utf-8", "surrogateescape"))
 
     def float(self) -> float:
         return struct.unpack("<d", self.raw(8).ljust(8, b"\0"))[0]  # NaN, infinities and subnormals too

@@ -11,6 +11,7 @@ import math
 import os
 import tempfile
 
+from hardening_helpers import metrics_when, value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,12 +19,11 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from hardening_helpers import metrics_when, value
 from promtool import check_metrics
 from servers import start_exporter
 from verl_exporter.catalog import default_catalog
-from verl_exporter.schema import reserved_names
 from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.schema import reserved_names
 from verl_exporter.sources import Source
 from verl_exporter.store import RunStore
 
@@ -33,7 +33,8 @@ verl_like_keys = st.sampled_from([
     "val-core/openai/gsm8k/acc/mean@1", "val-aux/a/b/c/d", "val/test_score/x", "val-core/\"q\"/v/m",
     "val-core/a\nb/v/m", "val-core/a\\b/v/m", "training/steps_ingested", "training/last_step", "training/finished",
     "training/runs", "training/run_info", "exporter/parse_errors", "gpu/utilization", "x_total", "x_created",
-    "x_bucket", "x_info", "gpus", "val_core", "val-core", "val/test_score", "", "/", "___", "1abc", "UPPER/Case", "a" * 300, "é/ü", "a:b", "a - b",
+    "x_bucket", "x_info", "gpus", "val_core", "val-core", "val/test_score", "", "/", "___", "1abc", "UPPER/Case",
+    "a" * 300, "é/ü", "a:b", "a - b",
 ])
 keys = st.one_of(verl_like_keys, st.text(max_size=30), st.text(alphabet="/_-@.:() x\\\"\n\x00", max_size=12))
 values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),

@@ -4,8 +4,8 @@ import socket
 import threading
 
 import pytest
-
 from hardening_helpers import jsonl, metrics_when, raw_request, value
+
 from servers import start_exporter, wait_until
 
 ENDPOINTS = ["/metrics", "/-/healthy", "/-/ready", "/", "/no-such-page"]
@@ -63,7 +63,8 @@ ODD_BUT_VALID = {
     "NUL in the path": b"GET {path}\x00x HTTP/1.1\r\n\r\n",
     "query string with bad percent-escapes": b"GET {path}?x=%ff%zz HTTP/1.1\r\n\r\n",
     "huge Content-Length on a GET": b"GET {path} HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n",
-    "unparsable Accept version": b"GET {path} HTTP/1.1\r\nAccept: application/openmetrics-text; version=garbage\r\n\r\n",
+    "unparsable Accept version":
+        b"GET {path} HTTP/1.1\r\nAccept: application/openmetrics-text; version=garbage\r\n\r\n",
     "unparsable text/plain version": b"GET {path} HTTP/1.1\r\nAccept: text/plain; version=abc\r\n\r\n",
     "Accept full of commas": b"GET {path} HTTP/1.1\r\nAccept: " + b",;=" * 5000 + b"\r\n\r\n",
     "HEAD": b"HEAD {path} HTTP/1.1\r\n\r\n",
@@ -116,9 +117,8 @@ def test_slow_clients_do_not_block_others(exporter):
 
 def test_a_stalled_request_is_dropped_after_the_request_timeout(monkeypatch):
     """In-process, with a short timeout: the slow connection is closed, the server answers others."""
-    from verl_exporter.exposition import Exposition
-
     from verl_exporter import server as server_module
+    from verl_exporter.exposition import Exposition
 
     monkeypatch.setattr(server_module._Handler, "timeout", 0.3)
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([]))
@@ -220,9 +220,8 @@ class _Failing:
 
 
 def test_a_failed_scrape_answers_a_generic_500_and_logs_the_detail(caplog):
-    from verl_exporter.exposition import Exposition
-
     from verl_exporter import server as server_module
+    from verl_exporter.exposition import Exposition
 
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Failing()]))
     try:
@@ -250,9 +249,8 @@ def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
     import logging
     import struct
 
-    from verl_exporter.exposition import Exposition
-
     from verl_exporter import server as server_module
+    from verl_exporter.exposition import Exposition
 
     caplog.set_level(logging.DEBUG, logger="verl_exporter.server")
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Big()]))

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import yaml
+from hardening_helpers import jsonl, metrics_when, value
 
 from certs import PASSWORD, make_pki, password_hash, write_web_config
-from hardening_helpers import jsonl, metrics_when, value
 from servers import REPO, free_port, http_get, start_exporter, wait_until
 
 # Stand-in for a backlog that takes long to read: the first poll of every source blocks until the
@@ -156,7 +156,7 @@ def test_sighup_with_a_value_of_the_wrong_type_keeps_the_exporter_and_its_option
             count = exporter.log().count("reloading the options failed")
             config_file.write_text(good + text)
             exporter.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: exporter.log().count("reloading the options failed") > count, message=text)
+            wait_until(lambda count=count: exporter.log().count("reloading the options failed") > count, message=text)
             line = [line for line in exporter.log().splitlines() if "reloading the options failed" in line][-1]
             assert "level=ERROR" in line and f": {option} must be" in line, line
             assert exporter.process.poll() is None, text

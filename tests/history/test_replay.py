@@ -158,8 +158,10 @@ def test_state_machine_without_for_fires_at_once_and_keep_firing_for_bridges_gap
 def test_recorded_series_are_read_fresh_and_only_the_ones_alerts_read_are_backfilled(tmp_path):
     rules = tmp_path / "r.yml"
     rules.write_text(json.dumps({"groups": [
-        {"name": "rec", "interval": "30s", "rules": [{"record": "run:a:z", "expr": "1"}, {"record": "run:b:z", "expr": "2"}]},
-        {"name": "alerts", "rules": [{"alert": "VerlA", "expr": 'run:a:z > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])'}]},
+        {"name": "rec", "interval": "30s",
+         "rules": [{"record": "run:a:z", "expr": "1"}, {"record": "run:b:z", "expr": "2"}]},
+        {"name": "alerts",
+         "rules": [{"alert": "VerlA", "expr": 'run:a:z > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])'}]},
     ]}))
     alerts, recording = replay.load_rules([rules])
     assert [entry["record"] for group in recording for entry in group["rules"]] == ["run:a:z"]

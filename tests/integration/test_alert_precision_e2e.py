@@ -114,7 +114,8 @@ def test_problem_runs_raise_their_alerts(stack):
         return all(name in fired.get(run, ()) for run, name in EXPECTED.items()) and fired
 
     wait_until(all_fired, timeout=TIMEOUT, interval=0.5,
-               fail=lambda why: pytest.fail(f"{why}: the problem runs' alerts {EXPECTED}; fired: {firing(stack, EXPECTED)}"))
+               fail=lambda why: pytest.fail(f"{why}: the problem runs' alerts {EXPECTED}; "
+                                            f"fired: {firing(stack, EXPECTED)}"))
     # ... and reached Alertmanager
     def in_alertmanager():
         names = {(a["labels"].get("experiment"), a["labels"]["alertname"]) for a in stack.project_alerts()}
@@ -139,7 +140,8 @@ def assert_healthy_runs_silent(stack) -> None:
     print(f"alerts fired on the healthy runs: {sum(map(len, fired.values()))} {fired}")
     assert fired == {}, fired
     assert [a for a in stack.project_alerts() if a["labels"].get("experiment") in HEALTHY] == []
-    assert [p for p in stack.receiver.notifications if any(f"{PROJECT}/{run}" in json.dumps(p) for run in HEALTHY)] == []
+    assert [p for p in stack.receiver.notifications
+            if any(f"{PROJECT}/{run}" in json.dumps(p) for run in HEALTHY)] == []
 
 
 def test_healthy_runs_raise_no_alert_over_their_whole_life(stack):
@@ -154,7 +156,8 @@ def test_the_job_exiting_pages_for_runs_short_of_their_last_step_only(stack):
 
     def exit_alerts():
         names = {(a["labels"].get("experiment"), a["labels"]["alertname"]): a for a in stack.project_alerts()}
-        crashed, exited = names.get(("lr-too-high", "VerlTrainingJobCrashed")), names.get(("nan", "VerlTrainingJobExited"))
+        crashed = names.get(("lr-too-high", "VerlTrainingJobCrashed"))
+        exited = names.get(("nan", "VerlTrainingJobExited"))
         return crashed and exited and (crashed, exited)
 
     crashed, exited = wait_until(exit_alerts, timeout=30, interval=0.5, message="the job's exit alerts")

@@ -122,7 +122,8 @@ def test_lr_too_high_run_posts_the_diagnosis_with_its_fix_to_slack(stack):
     text = attachment["text"]
     assert "*VerlLearningRateTooHigh* (warning): The learning rate is too high" in text
     # the run, the value and the threshold, from the templated description
-    assert re.search(r"Run e2e/lr-too-high: actor/pg_clipfrac is (7\d|8\d)(\.\d+)?% with actor/ppo_kl above 0\.05", text)
+    assert re.search(r"Run e2e/lr-too-high: actor/pg_clipfrac is (7\d|8\d)(\.\d+)?%"
+                     r" with actor/ppo_kl above 0\.05", text)
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in text
     assert "RUNBOOK.md#verllearningratetoohigh" in text
     assert attachment["color"] == "warning"
@@ -134,7 +135,8 @@ def test_stalled_run_pages_pagerduty_and_mutes_its_warnings(stack):
     assert page["routing_key"] == local.DUMMY_ROUTING_KEY
     details = page["payload"]
     assert details["severity"] == "critical"
-    assert details["summary"].startswith("e2e/lr-too-high: VerlTrainingStalled - The training run has stopped making progress")
+    assert details["summary"].startswith(
+        "e2e/lr-too-high: VerlTrainingStalled - The training run has stopped making progress")
     alerts_text = details["custom_details"]["alerts"]
     assert re.search(r"Run e2e/lr-too-high: no new step for [\d.]+s, over 5 times its usual step time", alerts_text)
     assert "Fix: Look at the job's log tail" in alerts_text

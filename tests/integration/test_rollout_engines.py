@@ -19,7 +19,6 @@ import pytest
 
 from metrics_server import MetricsServer
 from servers import prom_query, start_prometheus, wait_until
-
 from verl_exporter.alerting import local
 
 TIME_SCALE = 1 / 150  # 15 m for -> 6 s, 5 m rate windows -> 2 s, at least MIN_RANGE
@@ -134,7 +133,8 @@ def test_slow_generation_is_explained_by_kv_cache_or_preemptions(prometheus):
     assert all(labels["job"] == "verl" and labels["severity"] == "info" for labels in found.values())
     status, body = prometheus.get("/api/v1/alerts")
     descriptions = {a["labels"]["experiment"]: a["annotations"]["description"]
-                    for a in json.loads(body)["data"]["alerts"] if a["labels"]["alertname"] == "VerlGenerationKvCacheBound"}
+                    for a in json.loads(body)["data"]["alerts"]
+                    if a["labels"]["alertname"] == "VerlGenerationKvCacheBound"}
     assert "KV-cache usage peaks at 99%" in descriptions["vllm-full"]
     assert "preempt" in descriptions["sglang-retracting"] and "peaks at 61%" in descriptions["sglang-retracting"]
     assert "vllm-roomy" not in descriptions

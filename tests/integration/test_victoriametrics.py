@@ -25,11 +25,12 @@ from verl_exporter import simulate
 from victoriametrics import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_check, vmalert_check
 
 sys.path.insert(0, str(REPO / "tests" / "dashboards"))
-from stand_in_receiver import Receiver  # noqa: E402
-from verl_exporter.shipped import rule_files  # noqa: E402
-from verl_exporter.alerting import local  # noqa: E402
-from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
 from dashboard_models import panels, substitute  # noqa: E402
+from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
+
+from stand_in_receiver import Receiver  # noqa: E402
+from verl_exporter.alerting import local  # noqa: E402
+from verl_exporter.shipped import rule_files  # noqa: E402
 
 STEP_SECONDS = 0.2
 TIME_SCALE = STEP_SECONDS / 60
@@ -54,10 +55,12 @@ class Stack:
         self.writer = threading.Thread(target=simulate.write_run, args=(stalled_run, "stall"), daemon=True,
                                        kwargs={"interval": STEP_SECONDS, "noise": False, "stop_event": self.stop})
         self.writer.start()
-        exporters = [self._add(start_exporter(tmp_path, "--simulate", scenario, "--simulate.interval", str(STEP_SECONDS),
-                                              "--simulate.dir", str(tmp_path / scenario), "--gpu.fake", f"healthy:{gpus}",
-                                              "--no-collector.host", *extra))
-                     for scenario, gpus, extra in (("lr-too-high", 8, ()), ("healthy", 2, ("--source", str(stalled_run))))]
+        exporters = [self._add(start_exporter(
+                         tmp_path, "--simulate", scenario, "--simulate.interval", str(STEP_SECONDS),
+                         "--simulate.dir", str(tmp_path / scenario), "--gpu.fake", f"healthy:{gpus}",
+                         "--no-collector.host", *extra))
+                     for scenario, gpus, extra in (("lr-too-high", 8, ()),
+                                                   ("healthy", 2, ("--source", str(stalled_run))))]
         self.vm = self._add(start_victoria_metrics(tmp_path))
         self.vmagent = self._add(start_vmagent(tmp_path, [f"127.0.0.1:{e.port}" for e in exporters],
                                                f"{self.vm.url}/api/v1/write"))

@@ -14,7 +14,8 @@ GUIDE_KEYS = [
     *[f"critic/{group}/{stat}" for group in ("score", "rewards", "advantages", "returns", "values")
       for stat in ("mean", "max", "min")],
     "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff",
-    *[f"{group}/{stat}" for group in ("response_length", "prompt_length") for stat in ("mean", "max", "min", "clip_ratio")],
+    *[f"{group}/{stat}" for group in ("response_length", "prompt_length")
+      for stat in ("mean", "max", "min", "clip_ratio")],
     *[f"episode/{group}/{stat}" for group in ("reward", "length") for stat in ("mean", "max", "min")],
     *[f"timing_s/{phase}" for phase in ("gen", "ref", "values", "adv", "update_critic", "update_actor", "step")],
     *[f"timing_per_token_ms/{phase}" for phase in ("gen", "ref", "values")],
@@ -103,7 +104,8 @@ def test_timing_keys_that_are_not_durations_get_no_seconds(catalog, key, name, u
 
 @pytest.mark.parametrize("key, name", [
     ("timing_s/fully_async/rollouter/idle_ratio", "verl_timing_fully_async_rollouter_idle_ratio"),
-    ("timing_s/fully_async/rollouter/step_generated_samples", "verl_timing_fully_async_rollouter_step_generated_samples"),
+    ("timing_s/fully_async/rollouter/step_generated_samples",
+     "verl_timing_fully_async_rollouter_step_generated_samples"),
     ("timing_s/dynamic_resource/rollout_resource_utilization",
      "verl_timing_dynamic_resource_rollout_resource_utilization"),
     ("timing/agent/prompt_length", "verl_timing_agent_prompt_length"),

@@ -162,7 +162,8 @@ def test_finished_line():
 
 
 @pytest.mark.parametrize("line", [
-    "(TaskRunner pid=1) step:3 - actor/pg_loss:-0.005 - actor/ppo_kl:-8.163164312320433e-06 - perf/total_num_tokens:98304",
+    "(TaskRunner pid=1) step:3 - actor/pg_loss:-0.005 - actor/ppo_kl:-8.163164312320433e-06"
+    " - perf/total_num_tokens:98304",
     "step:3 - a:1 - critic/lr(1e-4):0.100 - val-core/openai/gsm8k/acc/mean@1:0.5",
     "step:3 - a:nan - b:inf - c:0.5",
     "step:3 - a:np.float64(0.25) - b:2",

@@ -10,18 +10,17 @@ from types import SimpleNamespace
 
 import bcrypt
 import pytest
-from verl_exporter.exposition import Exposition
 
 from servers import http_get
-from verl_exporter.options import OPTIONS, OptionsError, load_options
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.gpu import GpuCollector
+from verl_exporter.exposition import Exposition
 from verl_exporter.fake_nvml import GIB, FakeNvmlBackend
-from verl_exporter.forensics import EvidenceArchive, Forensics, Stall, StallWatch
-from verl_exporter.forensics import logtail, stacks
+from verl_exporter.forensics import EvidenceArchive, Forensics, Stall, StallWatch, logtail, stacks
 from verl_exporter.forensics.archive import file_name, safe_name
 from verl_exporter.forensics.gpus import describe_gpus
 from verl_exporter.forensics.report import render
+from verl_exporter.options import OPTIONS, OptionsError, load_options
 from verl_exporter.records import Record, RunKey
 from verl_exporter.server import serve
 from verl_exporter.store import RunStore
@@ -92,7 +91,7 @@ def test_no_first_step_an_hour_after_the_first_line():
     clock = Clock()
     store = make_store(clock)
     watch = StallWatch(store, stall_after=600, clock=clock)
-    store.ingest(Record(RUN, 0, settings={"trainer.total_training_steps": 10}, time=clock.now))
+    store.ingest(Record(RUN, 0, run_config={"trainer.total_training_steps": 10}, time=clock.now))
     clock.now += 3599
     assert watch.check() == []
     clock.now += 2
@@ -525,8 +524,8 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     from prometheus_client import CollectorRegistry, generate_latest
 
     from verl_exporter.collectors.evidence import EvidenceCollector
-    from verl_exporter.schema import reserved_names
     from verl_exporter.records import RunKey
+    from verl_exporter.schema import reserved_names
 
     class Captured:
         captured = {RunKey("gsm8k", "hung"): (1000.0, "wait_for_allreduce (hung.py:5)"),
@@ -535,7 +534,8 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     registry = CollectorRegistry()
     registry.register(EvidenceCollector(Captured()))
     text = generate_latest(registry).decode()
-    assert 'verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k"} 1.0' in text
+    assert ('verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k"}'
+            ' 1.0') in text
     assert 'verl_evidence_captured_timestamp_seconds{experiment="denied",project="gsm8k"} 2000.0' in text
     assert 'frame=""' not in text
     assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= reserved_names()

@@ -5,8 +5,8 @@ import os
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-
 from record_keeper import RecordKeeper
+
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
@@ -97,7 +97,8 @@ def test_replay_times_an_error_after_the_step_before_it(tmp_path):
 def test_errors_before_the_run_is_known_name_no_run_of_their_own(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("(WorkerDict pid=3) Traceback (most recent call last):\n"
-                   "(TaskRunner pid=1) {'trainer': {'project_name': 'search', 'experiment_name': 'ppo', 'logger': ['console']},\n"
+                   "(TaskRunner pid=1) {'trainer': {'project_name': 'search', 'experiment_name': 'ppo', "
+                   "'logger': ['console']},\n"
                    "(TaskRunner pid=1)  'actor_rollout_ref': {'actor': {'clip_ratio': 0.2}}}\n"
                    "(WorkerDict pid=3) torch.OutOfMemoryError: CUDA out of memory.\n")
     keep = RecordKeeper()

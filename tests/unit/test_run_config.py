@@ -14,15 +14,21 @@ import yaml
 from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
-from verl_exporter.options import load_options
 from verl_exporter import simulate
 from verl_exporter.catalog import default_catalog
 from verl_exporter.cli import Exporter
 from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.options import load_options
 from verl_exporter.records import ParseError, Record, RunKey
 from verl_exporter.sources import Source, format_for
 from verl_exporter.sources.run_config import (
-    MAX_CONFIG_LINES, MAX_SKIPPED_LINES, ConfigPrint, flatten, parse_total_steps, read_config_text, read_literal,
+    MAX_CONFIG_LINES,
+    MAX_SKIPPED_LINES,
+    ConfigPrint,
+    flatten,
+    parse_total_steps,
+    read_config_text,
+    read_literal,
 )
 from verl_exporter.store import RunStore
 
@@ -116,7 +122,8 @@ def test_a_python_warning_and_rows_split_by_ray_inside_the_print_are_read_throug
     cut = len(lines) // 2
     head, _, tail = lines[cut].rpartition(": ")
     interrupted = [head + ": ",
-                   prefix + "/verl/trainer/ppo/ray_trainer.py:325: UserWarning: Disabled critic as algorithm.adv_estimator != gae.",
+                   prefix + "/verl/trainer/ppo/ray_trainer.py:325: UserWarning: "
+                   "Disabled critic as algorithm.adv_estimator != gae.",
                    prefix + "  self.use_critic = need_critic(self.config)",
                    prefix + "   ",
                    prefix + tail]

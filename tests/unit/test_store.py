@@ -140,7 +140,8 @@ def test_two_spellings_in_one_run_the_latest_logged_wins():
 
 def test_two_spellings_logged_side_by_side_are_two_metrics():
     # verl 0.8 logs actor/entropy_loss (the update's entropy) beside actor/entropy when entropy is computed.
-    for values in ({"actor/entropy": 0.4, "actor/entropy_loss": 0.45}, {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}):
+    for values in ({"actor/entropy": 0.4, "actor/entropy_loss": 0.45},
+                   {"actor/entropy_loss": 0.45, "actor/entropy": 0.4}):
         store = make_store()
         store.ingest(Record(RUN, 1, {"actor/entropy": 0.3}))
         store.ingest(Record(RUN, 2, values))
@@ -165,6 +166,7 @@ def test_a_run_resumed_on_a_newer_release_serves_the_newer_spelling():
 
 def test_actor_and_critic_memory_stay_apart():
     store = make_store()
-    store.ingest(Record(RUN, 1, {"actor/perf/max_memory_allocated_gb": 40.0, "critic/perf/max_memory_allocated_gb": 20.0}))
+    store.ingest(Record(RUN, 1, {"actor/perf/max_memory_allocated_gb": 40.0,
+                                 "critic/perf/max_memory_allocated_gb": 20.0}))
     assert {key: value / 2**30 for key, value in series(store).items()} == {
         "verl_perf_max_memory_allocated_bytes('actor',)": 40.0, "verl_perf_max_memory_allocated_bytes('critic',)": 20.0}

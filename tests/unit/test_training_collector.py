@@ -1,6 +1,5 @@
 import math
 import re
-from pathlib import Path
 
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
@@ -49,7 +48,8 @@ def test_nan_is_served_and_counted():
     run = (("experiment", "ppo-qwen"), ("project", "gsm8k"))
     assert math.isnan(values[("verl_actor_pg_loss", run)])
     assert values[("verl_actor_grad_norm", run)] == -math.inf
-    assert values[("verl_training_nonfinite_values_total", (("experiment", "ppo-qwen"), ("key", "actor/pg_loss"), ("project", "gsm8k")))] == 1
+    nonfinite = (("experiment", "ppo-qwen"), ("key", "actor/pg_loss"), ("project", "gsm8k"))
+    assert values[("verl_training_nonfinite_values_total", nonfinite)] == 1
 
 
 def test_parse_errors_and_dropped_series_are_exported():

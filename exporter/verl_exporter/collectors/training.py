@@ -2,7 +2,8 @@
 
 Emits, for each verl key logged (names from the catalog, every series labelled with the run)::
 
-    # HELP verl_actor_pg_clipfrac verl actor/pg_clipfrac: Fraction of samples whose policy update was clipped by PPO [ratio]. Healthy 0.05 to 0.3.
+    # HELP verl_actor_pg_clipfrac verl actor/pg_clipfrac: Fraction of samples whose policy update was
+      clipped by PPO [ratio]. Healthy 0.05 to 0.3.  (one line; wrapped here)
     # TYPE verl_actor_pg_clipfrac gauge
     verl_actor_pg_clipfrac{experiment="ppo-qwen",project="gsm8k"} 0.12
 

@@ -15,7 +15,8 @@ How the rules are evaluated, and why so:
    present time. So each alert's expression is run as a range query over the whole history with
    the step set to the group's evaluation interval (the last evaluation at the last sample), which
    is exactly an instant query at each evaluation time, and Prometheus' alert state machine
-   (rules/alerting.go) is applied to the result here: a label set that appears becomes pending at that evaluation; it fires at the first
+   (rules/alerting.go) is applied to the result here: a label set that appears becomes pending at
+   that evaluation; it fires at the first
    evaluation at least ``for`` after it became active (at once when ``for`` is 0); it resolves at
    the first evaluation where it is absent (a pending alert is dropped), unless ``keep_firing_for``
    keeps it firing; the alert's labels are the series' without ``__name__``, plus the rule's.
@@ -39,15 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from prometheus_client.utils import floatToGoString
 
 from verl_exporter import shipped
 from verl_exporter.durations import parse_duration
 from verl_exporter.records import RunKey
 
-from prometheus_client.utils import floatToGoString
-
-from .backfill import (History, add_source_arguments, build_from_args, create_blocks, escape, iso,
-                       write_openmetrics)
+from .backfill import History, add_source_arguments, build_from_args, create_blocks, escape, iso, write_openmetrics
 from .prometheus import Prometheus
 
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
@@ -138,7 +137,8 @@ def read_fresh(expr: str, groups: list[dict]) -> str:
     for group in groups:
         for name in {entry["record"] for entry in group["rules"]}:
             pattern = rf"(?<![\w:]){re.escape(name)}(\{{[^}}]*\}})?(?![\w:])(?!\s*\[)"
-            expr = re.sub(pattern, lambda m: f"last_over_time({m.group(0)}[{group['interval']}])", expr)
+            expr = re.sub(pattern, lambda m, interval=group["interval"]: f"last_over_time({m.group(0)}[{interval}])",
+                          expr)
     return expr
 
 
@@ -277,9 +277,12 @@ def main(argv: list[str]) -> int:
                         help="rule files, after the sources (default: the shipped verl-*.rules.yml and "
                              "recording-rules.yml); evaluated every --scrape-interval unless a "
                              "group sets its interval")
-    parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="prometheus binary (default: from PATH)")
-    parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
-    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR (new or empty) and keep it (blocks, logs)")
+    parser.add_argument("--prometheus", default=shutil.which("prometheus"),
+                        help="prometheus binary (default: from PATH)")
+    parser.add_argument("--promtool", default=shutil.which("promtool"),
+                        help="promtool binary (default: from PATH)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="work in DIR (new or empty) and keep it (blocks, logs)")
     args = parser.parse_args(argv)
     rules = args.rules or shipped_rules()
     if not rules:

@@ -10,7 +10,8 @@ import re
 KINDS = ("cuda_oom", "nccl_timeout", "segfault", "ray_actor_died", "traceback")
 MAX_LINE_CHARS = 300  # of an error line kept for the evidence
 _OOM = re.compile(r"(?:CUDA|HIP|cuda|hip)(?: error)?:? out of memory|OutOfMemoryError")
-_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL[^'\n]{0,200}?\btim(?:ed out|eout)\b(?!')")
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout"
+                           r"|NCCL[^'\n]{0,200}?\btim(?:ed out|eout)\b(?!')")
 _CONFIG_ROW = re.compile(r"['\"]\w+['\"]\s*:")
 
 

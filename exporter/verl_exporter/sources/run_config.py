@@ -300,7 +300,8 @@ def read_config_text(text: str) -> dict:
 
 def flatten(config: dict) -> dict[str, Scalar]:
     """``{"a.b.c": value}`` for every scalar of a nested config (lists left out), at most
-    ``MAX_LEAVES`` (and ``MAX_CONFIG_NODES`` mappings and values visited); hydra's ``${a.b}`` references to other settings resolved."""
+    ``MAX_LEAVES`` (and ``MAX_CONFIG_NODES`` mappings and values visited); hydra's ``${a.b}``
+    references to other settings resolved."""
     flat: dict[str, Scalar] = {}
     queue: deque[tuple[str, dict]] = deque([("", config)])  # shallow settings first
     nodes = 0
