@@ -14,6 +14,7 @@ XID errors arrive as NVML events: a watcher thread waits on an event set and cou
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -312,8 +313,8 @@ class NvmlBackend:
     def _ecc(self, handle: Any, counter: int) -> dict[str, int] | None:
         """Corrected and uncorrected ECC totals of one counter (volatile or aggregate)."""
         values = {
-            kind: self._field("ecc", lambda error_type=error_type: self._nv.nvmlDeviceGetTotalEccErrors(
-                handle, error_type, counter))
+            kind: self._field("ecc",
+                              functools.partial(self._nv.nvmlDeviceGetTotalEccErrors, handle, error_type, counter))
             for kind, error_type in (("corrected", ECC_CORRECTED), ("uncorrected", ECC_UNCORRECTED))
         }
         return {k: int(v) for k, v in values.items() if v is not None} or None

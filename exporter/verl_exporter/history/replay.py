@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import shutil
 import sys
@@ -137,9 +138,12 @@ def read_fresh(expr: str, groups: list[dict]) -> str:
     for group in groups:
         for name in {entry["record"] for entry in group["rules"]}:
             pattern = rf"(?<![\w:]){re.escape(name)}(\{{[^}}]*\}})?(?![\w:])(?!\s*\[)"
-            expr = re.sub(pattern, lambda m, interval=group["interval"]: f"last_over_time({m.group(0)}[{interval}])",
-                          expr)
+            expr = re.sub(pattern, functools.partial(_last_over_time, group["interval"]), expr)
     return expr
+
+
+def _last_over_time(interval: str, match: re.Match[str]) -> str:
+    return f"last_over_time({match.group(0)}[{interval}])"
 
 
 def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
