@@ -145,6 +145,8 @@ class Resolved:
 class Catalog:
     """Looks up verl keys; loads ``catalog.yaml`` once."""
 
+    _served_names: frozenset[str]  # set by served_names() on first use
+
     def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]],
                  system: dict[str, float] | None = None, settings: list[SettingSpec] | None = None):
         self.metrics = metrics = _share_names(metrics)

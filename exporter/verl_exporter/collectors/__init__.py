@@ -90,9 +90,10 @@ class CollectorRunner:
     @staticmethod
     def _status_families(success: dict | None = None, duration: dict | None = None) -> list[Metric]:
         ok, took = schema.RUNNER["success"].new(), schema.RUNNER["duration"].new()
-        for name, value in (success or {}).items():
-            ok.add_metric([name], value)
-            took.add_metric([name], duration[name])
+        if success is not None and duration is not None:
+            for name, value in success.items():
+                ok.add_metric([name], value)
+                took.add_metric([name], duration[name])
         return [ok, took]
 
 
@@ -112,7 +113,7 @@ def check_renderable(families: list[Metric]) -> None:
     """Raise what rendering would raise, before the HTTP layer renders: a string UTF-8 cannot encode
     (a lone surrogate), a value or timestamp that is no float (an int beyond 1.8e308). Loops in C:
     a scrape's samples are many."""
-    texts = []
+    texts: list[str] = []
     for family in families:
         samples = family.samples
         texts += (family.name, family.documentation, family.unit)

@@ -12,6 +12,7 @@ from .. import schema
 from ..job import JobSelector
 from ..nvml import GpuReading, NvmlUnavailable
 
+
 @dataclass
 class GpuSnapshot:
     """Everything one scrape read from the backend."""
@@ -152,11 +153,11 @@ class GpuCollector:
                 if used is not None:
                     fams["process_memory"].add_metric([str(index), uuids[index], str(pid)], used)
         if self.job is not None:
-            self._add_job(fams, snap)
+            self._add_job(fams, snap, self.job)
         return fams
 
-    def _add_job(self, fams: dict[str, schema.Built], snap: GpuSnapshot) -> None:
-        pids = {p.pid for p in self.job.processes()}
+    def _add_job(self, fams: dict[str, schema.Built], snap: GpuSnapshot, job: JobSelector) -> None:
+        pids = {p.pid for p in job.processes()}
         used_bytes, gpus = 0, 0
         for procs in snap.processes.values():
             mine = [used for pid, used in procs if pid in pids]

@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from .. import schema
 from ..job import JobSelector
 
+
 class HostCollector:
     """Host stats from psutil; job stats when a ``JobSelector`` is configured.
 
@@ -57,11 +58,11 @@ class HostCollector:
         host["swap_used"].add_metric([], swap.used)
         yield from host.values()
         if self.job is not None:
-            yield from self._collect_job()
+            yield from self._collect_job(self.job)
 
-    def _collect_job(self) -> Iterable[Metric]:
+    def _collect_job(self, job: JobSelector) -> Iterable[Metric]:
         families = self._job_families()
-        processes = self.job.processes()
+        processes = job.processes()
         totals = self._job_totals(processes)
         families["running"].add_metric([], 1.0 if totals["processes"] else 0.0)
         families["processes"].add_metric([], totals["processes"])

@@ -109,7 +109,7 @@ class TrainingCollector:
                 if found is None:
                     found = into[key] = Metric(family.name, family.documentation, family.type, family.unit)
                 found.samples += family.samples
-        families = self.new_run_families()
+        families: dict[str, Metric] = dict(self.new_run_families())
         for key in list(families):
             if key in merged:
                 families[key] = merged[key]
@@ -157,7 +157,8 @@ class TrainingCollector:
             families["checkpoint_started"].add_metric(run, checkpoint.started)
             if checkpoint.done_step is not None:
                 families["checkpoint_step"].add_metric(run, checkpoint.done_step)
-                families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
+                if checkpoint.done_seconds is not None:  # set with done_step
+                    families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
         out = {key: family for key, family in families.items() if family.samples}
         for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
             family = out.get(name)
@@ -175,8 +176,8 @@ class TrainingCollector:
             families["parse_errors"].add_metric([source], count)
         for (source, reason), count in sorted(snapshot.values_dropped.items()):
             families["values_dropped"].add_metric([source, reason], count)
-        for source, reason in sorted(snapshot.sources.items()):
-            families["source_up"].add_metric([source], 0.0 if reason else 1.0)
+        for source, unreadable in sorted(snapshot.sources.items()):
+            families["source_up"].add_metric([source], 0.0 if unreadable else 1.0)
         families["runs"].add_metric([], len(snapshot.versions or {}))
         families["runs_dropped"].add_metric([], snapshot.runs_dropped)
         for reason in ("finished", "idle", "no_step"):

@@ -10,7 +10,7 @@ the same, kept per family, and joined per scrape; an unchanged store is served f
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -27,11 +27,11 @@ class RunTable(Protocol):
 
     store: RunStore
 
-    def new_run_families(self) -> dict[str, Metric]: ...
+    def new_run_families(self) -> Mapping[str, Metric]: ...
 
-    def run_families(self, state: RunState, logged: bool = True) -> dict[str, Metric]: ...
+    def run_families(self, state: RunState, logged: bool = True) -> Mapping[str, Metric]: ...
 
-    def store_families(self, snapshot: StoreSnapshot) -> dict[str, Metric]: ...
+    def store_families(self, snapshot: StoreSnapshot) -> Mapping[str, Metric]: ...
 
 
 class RunText:
