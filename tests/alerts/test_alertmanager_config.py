@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from servers import require_binary
-
 from verl_exporter import shipped
 from verl_exporter.alerting import local, render
+from verl_exporter.catalog import default_catalog
 
 CONFIG = shipped.alertmanager_config()
 TEMPLATES = shipped.alertmanager_templates() / "verl.tmpl"
@@ -91,8 +91,9 @@ def alert(name: str, status: str = "firing", **labels) -> dict:
     return {
         "status": status,
         "labels": {"alertname": name, "severity": rule.severity, **labels},
-        "annotations": {"summary": rule.summary, "description": f"Run gsm8k/ppo: {name} is 0.85",
-                        "fix": rule.fix, "runbook_url": f"https://runbook#{name.lower()}"},
+        "annotations": {"summary": render.filled(rule.summary, default_catalog()),
+                        "description": f"Run gsm8k/ppo: {name} is 0.85",
+                        "fix": render.filled(rule.fix, default_catalog()), "runbook_url": f"https://runbook#{name.lower()}"},
         "startsAt": "2025-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": name,
     }
 

@@ -28,9 +28,9 @@ import yaml
 
 from alerting_stack import ChatReceiver
 from servers import require_binary, start_alertmanager, wait_until
-
 from verl_exporter import shipped
 from verl_exporter.alerting import local, render
+from verl_exporter.catalog import default_catalog
 
 CONFIG = shipped.alertmanager_config()
 SHIPPED_RECEIVERS = ["pagerduty", "slack-alerts", "slack-low-priority"]
@@ -164,7 +164,8 @@ def test_verl_message_is_the_title_then_the_slack_text(tmp_path):
 def alert_data() -> dict:
     rule = next(a for a in render.alerts() if a.name == ALERT)
     return {"labels": {"alertname": ALERT, "severity": rule.severity, **RUN},
-            "annotations": {"summary": rule.summary, "fix": rule.fix, "runbook_url": RUNBOOK,
+            "annotations": {"summary": render.filled(rule.summary, default_catalog()),
+                            "fix": render.filled(rule.fix, default_catalog()), "runbook_url": RUNBOOK,
                             "description": f"Run e2e/receivers: {ALERT} is 0.85"},
             "startsAt": datetime.now(timezone.utc).isoformat(), "generatorURL": "http://prometheus:9090/graph"}
 
@@ -223,7 +224,7 @@ def post_alert(alertmanager) -> None:
 def assert_quotes_the_alert(text: str) -> None:
     rule = next(a for a in render.alerts() if a.name == ALERT)
     assert TITLE in text
-    assert f"*{ALERT}* (warning): {rule.summary}" in text
+    assert f"*{ALERT}* (warning): {render.filled(rule.summary, default_catalog())}" in text
     assert f"Run e2e/receivers: {ALERT} is 0.85" in text
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in text
     assert f"Runbook: {RUNBOOK}" in text

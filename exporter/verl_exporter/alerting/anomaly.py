@@ -17,9 +17,7 @@ healthy runs, moves no median; a spike that lasts does. Collapses must last 10 m
 
 from __future__ import annotations
 
-from verl_exporter.catalog import default_catalog
-
-from .model import NUMBER, RUN, RUN_MATCH, Alert, Group, fill
+from .model import Alert, Group, format_number, sub
 
 WINDOW = "1h"
 GAP = "15m"  # spikes: the trailing hour ends this long ago
@@ -55,20 +53,21 @@ EXTRA = {"anomaly": THRESHOLDS}
 
 
 def median(series: str, window: str, offset: str = "") -> str:
-    return f"quantile_over_time(0.5, {series}[{window}]{' offset ' + offset if offset else ''})"
+    return sub("quantile_over_time(0.5, ${series}[${window}]${offset})", series=series, window=window,
+               offset=sub(" offset ${offset}", offset=offset) if offset else "")
 
 
 # The run's entropy low of the 6 hours before the last: its 10th percentile, so that one low step does
 # not count, and an hour that collapsed is not the low it is compared with.
-LOW_ENTROPY = f"quantile_over_time(0.1, verl_actor_entropy[{LONG}] offset 1h)"
+LOW_ENTROPY = "quantile_over_time(0.1, verl_actor_entropy[${LONG}] offset 1h)"
 
 
 def change(metric: str) -> str:
-    return f"run:{metric}:change{WINDOW}"
+    return sub("run:${metric}:change${WINDOW}", metric=metric, WINDOW=WINDOW)
 
 
 def zscore(metric: str) -> str:
-    return f"run:{metric}:zscore{WINDOW}"
+    return sub("run:${metric}:zscore${WINDOW}", metric=metric, WINDOW=WINDOW)
 
 
 def recording_rules() -> list[dict]:
@@ -77,31 +76,32 @@ def recording_rules() -> list[dict]:
     evaluation."""
     rules = []
     for metric, (floor, gap) in WATCHED.items():
-        enough = (f" and {RUN_MATCH} changes(verl_training_last_step[{WINDOW}] offset {gap})"
-                  " >= ${anomaly:min_steps}")
-        trailing = f"{metric}[{WINDOW}] offset {gap}"
-        recent = f"quantile_over_time(0.5, {metric}[{RECENT}])"
+        values = {"recent": sub("quantile_over_time(0.5, ${metric}[${RECENT}])", metric=metric),
+                  "trailing": sub("${metric}[${WINDOW}] offset ${gap}", metric=metric, gap=gap),
+                  "floor": format_number(floor), "gap": gap}
+        enough = " and ${RUN_MATCH} changes(verl_training_last_step[${WINDOW}] offset ${gap}) >= ${anomaly:min_steps}"
         rules += [
             {"record": change(metric),
-             "expr": f"({recent} - avg_over_time({trailing})) / clamp_min(abs(avg_over_time({trailing})), {floor:g})"
-                     f"{enough}"},
+             "expr": sub("(${recent} - avg_over_time(${trailing})) / clamp_min(abs(avg_over_time(${trailing})), "
+                         "${floor})" + enough, **values)},
             {"record": zscore(metric),
-             "expr": f"({recent} - avg_over_time({trailing})) / clamp_min(stddev_over_time({trailing}), {floor:g})"
-                     f"{enough}"},
+             "expr": sub("(${recent} - avg_over_time(${trailing})) / clamp_min(stddev_over_time(${trailing}), "
+                         "${floor})" + enough, **values)},
         ]
-    for entry in rules:
-        entry["expr"] = fill(entry["expr"], default_catalog(), EXTRA)
     return [{"name": "verl-anomaly-baselines", "rules": rules}]
 
 
 def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) -> Alert:
     return Alert(
-        name, "warning", f"{zscore(metric)} > ${{anomaly:spike_zscore}} and {change(metric)} > ${{anomaly:spike_change}}",
-        "0s",
-        f"{what} stays far above the run's own normal.",
-        f"Run {RUN}: {key} over the last 10 minutes (median) has a z-score of {NUMBER} against its trailing "
-        "hour and rose by more than ${anomaly:spike_change} of that hour's mean: a spike that did not recover.",
-        meaning, fix)
+        name=name, severity="warning",
+        expr=sub("${zscore} > ${anomaly:spike_zscore} and ${change} > ${anomaly:spike_change}",
+                 zscore=zscore(metric), change=change(metric)),
+        for_="0s",
+        summary=sub("${what} stays far above the run's own normal.", what=what),
+        description=sub("Run ${RUN}: ${key} over the last 10 minutes (median) has a z-score of ${NUMBER} against its "
+                        "trailing hour and rose by more than ${anomaly:spike_change} of that hour's mean: a spike that "
+                        "did not recover.", key=key),
+        meaning=meaning, fix=fix)
 
 
 _SHIFTS = {  # kind: (z-score comparison, change comparison, description)
@@ -113,9 +113,13 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
     """A lasting move (10 minutes) far outside the trailing spread and by a large share of the mean."""
     by_z, by_change, moved = _SHIFTS[kind]
     return Alert(
-        name, "warning", f"{zscore(metric)} {by_z} and {change(metric)} {by_change}", "10m", summary,
-        f"Run {RUN}: {key} has a z-score of {NUMBER} against its trailing hour and {moved} of that hour's mean.",
-        meaning, fix)
+        name=name, severity="warning",
+        expr=sub("${zscore} ${by_z} and ${change} ${by_change}", zscore=zscore(metric), by_z=by_z,
+                 change=change(metric), by_change=by_change),
+        for_="10m", summary=summary,
+        description=sub("Run ${RUN}: ${key} has a z-score of ${NUMBER} against its trailing hour and ${moved} of that "
+                        "hour's mean.", key=key, moved=moved),
+        meaning=meaning, fix=fix)
 
 
 def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning: str, fix: str) -> Alert:
@@ -123,16 +127,17 @@ def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning:
     minutes (more than half of the 15 minutes must be short or long: one odd step is not)."""
     recent, before = median("verl_response_length_mean", "15m"), median("verl_response_length_mean", LONG, "30m")
     return Alert(
-        name, "warning",
-        f"{recent} {comparison} ${{anomaly:{ratio}}} * {before}"
-        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}] offset 30m) >= ${{anomaly:min_baseline_steps}}",
-        "10m", summary,
-        f"Run {RUN}: the median response_length/mean of the last 15 minutes is {NUMBER} tokens, against "
+        name=name, severity="warning",
+        expr=sub("${recent} ${comparison} ${anomaly:${ratio}} * ${before}", recent=recent, comparison=comparison,
+                 ratio=ratio, before=before) +
+        " and ${RUN_MATCH} changes(verl_training_last_step[${LONG}] offset 30m) >= ${anomaly:min_baseline_steps}",
+        for_="10m", summary=summary,
+        description="Run ${RUN}: the median response_length/mean of the last 15 minutes is ${NUMBER} tokens, against "
         "${anomaly:" + ratio + "} of its median over the 6 hours before.",
-        meaning, fix, "4.1")
+        meaning=meaning, fix=fix, guide="4.1")
 
 
-ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal (anomalies)", (
+ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The run's own normal (anomalies)", alerts=(
     _spike("verl_actor_grad_norm", "actor/grad_norm", "VerlActorGradNormSpike", "The actor's gradient norm",
            "`actor/grad_norm` over the last 10 minutes (their median: high for more than half of them) is more "
            "than ${anomaly:spike_zscore} standard deviations above its trailing mean (the hour that ended 15 "
@@ -150,15 +155,15 @@ ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal 
            "Check `actor/grad_norm` and the mismatch metrics (`training/rollout_probs_diff_*`) of the same "
            "step; if it repeats, halve `actor_rollout_ref.actor.optim.lr`."),
     Alert(
-        "VerlActorPgLossSpike", "warning",
-        f"abs({zscore('verl_actor_pg_loss')}) > ${{anomaly:spike_zscore}}", "0s",
-        "The policy loss stays far from the run's own normal.",
-        f"Run {RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of {NUMBER} against its "
+        name="VerlActorPgLossSpike", severity="warning",
+        expr=sub("abs(${zscore}) > ${anomaly:spike_zscore}", zscore=zscore("verl_actor_pg_loss")), for_="0s",
+        summary="The policy loss stays far from the run's own normal.",
+        description="Run ${RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of ${NUMBER} against its "
         "trailing hour.",
-        "`actor/pg_loss` sits near 0 and moves slowly; ten minutes more than ${anomaly:spike_zscore} trailing "
+        meaning="`actor/pg_loss` sits near 0 and moves slowly; ten minutes more than ${anomaly:spike_zscore} trailing "
         "standard deviations away (either sign, the deviation at least 0.05: healthy runs move it by up to "
         "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",
-        "Check `critic/advantages/max` and `/min` and `actor/pg_clipfrac` at that step; look for reward "
+        fix="Check `critic/advantages/max` and `/min` and `actor/pg_clipfrac` at that step; look for reward "
         "outliers in the batch."),
     _spike("verl_critic_vf_loss", "critic/vf_loss", "VerlCriticVfLossSpike", "The critic's loss",
            "`critic/vf_loss` stayed far above its trailing mean for 10 minutes (their median): the returns are "
@@ -180,23 +185,24 @@ ANOMALY = Group("verl-anomaly", "verl-anomaly.rules.yml", "The run's own normal 
            "If `critic/score/mean` fell too, see VerlScoreCollapsed; otherwise check "
            "`actor/reward_kl_penalty` and raise the KL coefficient (`algorithm.kl_ctrl.kl_coef`)."),
     Alert(
-        "VerlEntropyRising", "warning",
-        f"{median('verl_actor_entropy', '1h')} > ${{anomaly:entropy_rise_ratio}} * {LOW_ENTROPY}"
-        f" and {median('verl_actor_entropy', '1h')} - {LOW_ENTROPY} > ${{anomaly:entropy_rise_min}}"
-        f" and {RUN_MATCH} changes(verl_training_last_step[{LONG}] offset 1h) >= ${{anomaly:min_baseline_steps}}",
-        "15m",
-        "Policy entropy rose well above the run's own normal.",
-        f"Run {RUN}: actor/entropy over the last hour (median {NUMBER}) is more than "
+        name="VerlEntropyRising", severity="warning",
+        expr=sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${LOW_ENTROPY}"
+                 " and ${entropy} - ${LOW_ENTROPY} > ${anomaly:entropy_rise_min}",
+                 entropy=median("verl_actor_entropy", "1h")) +
+        " and ${RUN_MATCH} changes(verl_training_last_step[${LONG}] offset 1h) >= ${anomaly:min_baseline_steps}",
+        for_="15m",
+        summary="Policy entropy rose well above the run's own normal.",
+        description="Run ${RUN}: actor/entropy over the last hour (median ${NUMBER}) is more than "
         "${anomaly:entropy_rise_ratio} times its low of the last 6 hours.",
-        "Entropy normally falls slowly during RL training. An hour whose median is half again above the "
+        meaning="Entropy normally falls slowly during RL training. An hour whose median is half again above the "
         "run's own low of the last 6 hours (its 10th percentile, so one low step does not count) means the "
         "policy is becoming random: too large updates, a too high entropy bonus, no KL anchor, or rollouts "
         "that no longer match the trained policy (training-inference mismatch). Real runs that degrade this "
         "way rise from about 0.24 to 0.5-0.8 over a few hours while the score falls.",
-        "Check `actor_rollout_ref.actor.entropy_coeff`, `actor/ppo_kl` and "
+        fix="Check `actor_rollout_ref.actor.entropy_coeff`, `actor/ppo_kl` and "
         "`training/rollout_probs_diff_max`; lower `actor_rollout_ref.actor.optim.lr` or the entropy "
         "coefficient, or add a KL loss (`actor_rollout_ref.actor.use_kl_loss`).",
-        "1.5"),
+        guide="1.5"),
     _length_shift("VerlResponseLengthCollapsed", "<", "length_drop_ratio",
                   "Responses became far shorter than the run's own normal.",
                   "The median response length of the last 15 minutes is under half of the median of the 6 "

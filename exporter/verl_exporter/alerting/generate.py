@@ -29,7 +29,7 @@ def outputs(catalog: Catalog | None = None, runbook_url: str = render.DEFAULT_RU
     files = {render.RULES_DIR / name: text for name, text in render.rule_files(catalog, runbook_url=runbook_url).items()}
     files[render.RULES_DIR / render.RECORDING_RULES_FILE] = render.recording_rules(catalog)
     files[render.RUNBOOK_FILE] = render.runbook(catalog)
-    files[Path("docs/alerts.md")] = render.table()
+    files[Path("docs/alerts.md")] = render.table(catalog)
     files[kubernetes.PROMETHEUS_RULE_FILE] = kubernetes.prometheus_rule(runbook_url)
     return files
 

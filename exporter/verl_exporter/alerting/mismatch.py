@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from verl_exporter.catalog import default_catalog
 
-from .model import NUMBER, PER_STEP_INTERVAL, RUN, Alert, Group
+from .model import PER_STEP_INTERVAL, Alert, Group, sub
 
 _CATALOG = default_catalog()
 # The thresholds are the catalog's (healthy ranges from the guides above), read once here so the
@@ -50,98 +50,100 @@ ENABLE = "`actor_rollout_ref.rollout.calculate_log_probs=True`"
 
 
 def corr(name: str) -> str:
-    return f'{{__name__=~"{CORR}{name}"}}'
+    return sub('{__name__=~"${CORR}${name}"}', name=name)
 
 
-MISMATCH = Group("verl-mismatch", "verl-training.rules.yml", "Training-inference mismatch and off-policy data", (
+MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Training-inference mismatch and off-policy data", alerts=(
     Alert(
-        "VerlRolloutProbsDiffHigh", "warning",
-        "verl_training_rollout_probs_diff_mean > ${mismatch:probs_diff_mean}", "15m",
-        "The rollout engine and the trainer disagree on token probabilities.",
-        f"Run {RUN}: training/rollout_probs_diff_mean is {NUMBER}, above ${{mismatch:probs_diff_mean}}.",
-        "`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
+        name="VerlRolloutProbsDiffHigh", severity="warning",
+        expr="verl_training_rollout_probs_diff_mean > ${mismatch:probs_diff_mean}", for_="15m",
+        summary="The rollout engine and the trainer disagree on token probabilities.",
+        description="Run ${RUN}: training/rollout_probs_diff_mean is ${NUMBER}, above ${mismatch:probs_diff_mean}.",
+        meaning="`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
         "rollout engine gave each sampled token and the one the trainer recomputes. "
-        f"{PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
+        "${PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
         "different hyperparameters such as an `eps`) and the policy gradient is biased; this mismatch is a "
         "known cause of RL collapse.",
-        "Compare rollout and trainer precision and versions (dtype, vLLM/SGLang kernels, MoE routing: use "
+        fix="Compare rollout and trainer precision and versions (dtype, vLLM/SGLang kernels, MoE routing: use "
         "routing replay for MoE models); enable rollout correction "
-        f"(`algorithm.rollout_correction`, see {DOC}), e.g. the `bypass_ppo_clip` preset."),
+        "(`algorithm.rollout_correction`, see ${DOC}), e.g. the `bypass_ppo_clip` preset."),
     Alert(
-        "VerlRolloutProbsDiffMaxHigh", "info",
-        "verl_training_rollout_probs_diff_max > ${mismatch:probs_diff_max}", "30m",
-        "Some tokens get very different probabilities in rollout and training.",
-        f"Run {RUN}: training/rollout_probs_diff_max is {NUMBER}, above ${{mismatch:probs_diff_max}}, for "
+        name="VerlRolloutProbsDiffMaxHigh", severity="info",
+        expr="verl_training_rollout_probs_diff_max > ${mismatch:probs_diff_max}", for_="30m",
+        summary="Some tokens get very different probabilities in rollout and training.",
+        description="Run ${RUN}: training/rollout_probs_diff_max is ${NUMBER}, above ${mismatch:probs_diff_max}, for "
         "30 minutes.",
-        "The largest per-token probability difference stays near 1: some tokens are near-certain in one "
-        f"engine and unlikely in the other ({PRECISION_LINK} names this extreme case). A few such "
+        meaning="The largest per-token probability difference stays near 1: some tokens are near-certain in one "
+        "engine and unlikely in the other (${PRECISION_LINK} names this extreme case). A few such "
         "tokens can dominate the importance ratios.",
-        f"Enable rejection sampling of outliers (`algorithm.rollout_correction.rollout_rs`, see {DOC}); "
+        fix="Enable rejection sampling of outliers (`algorithm.rollout_correction.rollout_rs`, see ${DOC}); "
         "check the tokenizer and chat template are the same for rollout and training."),
     Alert(
-        "VerlRolloutActorProbsUncorrelated", "warning",
-        "verl_training_rollout_actor_probs_pearson_corr < ${mismatch:pearson_min}", "15m",
-        "Rollout and trainer log-probabilities are poorly correlated.",
-        f"Run {RUN}: training/rollout_actor_probs_pearson_corr is {NUMBER}, below ${{mismatch:pearson_min}}.",
-        "The Pearson correlation between the rollout engine's and the trainer's log-probabilities of the "
+        name="VerlRolloutActorProbsUncorrelated", severity="warning",
+        expr="verl_training_rollout_actor_probs_pearson_corr < ${mismatch:pearson_min}", for_="15m",
+        summary="Rollout and trainer log-probabilities are poorly correlated.",
+        description="Run ${RUN}: training/rollout_actor_probs_pearson_corr is ${NUMBER}, below ${mismatch:pearson_min}.",
+        meaning="The Pearson correlation between the rollout engine's and the trainer's log-probabilities of the "
         "sampled tokens is about 0.999 in healthy runs. Well below, the tokens that reach training are not "
         "the ones the policy sampled (misaligned token ids, a different template) or the engines differ.",
-        f"Check that rollout log-probs are passed with their tokens ({ENABLE}); compare the rollout and "
+        fix="Check that rollout log-probs are passed with their tokens (${ENABLE}); compare the rollout and "
         "training tokenization; then the precision of both engines."),
     Alert(
-        "VerlRolloutOffPolicyGap", "warning",
-        f"abs({corr('kl')}) > ${{mismatch:kl}} or {corr('k3_kl')} > ${{mismatch:kl}}"
-        f" or abs(ln({corr('ppl_ratio')})) > ${{mismatch:kl}}", "15m",
-        "The rollout policy and the training policy have drifted apart (rollout KL too large).",
-        f"Run {RUN}: the KL between rollout and training policy (rollout_corr/kl, k3_kl or the log of "
-        f"ppl_ratio) is {NUMBER}, beyond ${{mismatch:kl}}.",
-        f"{DOC_LINK} calls a KL between the rollout policy and the training policy above 0.1 a significant "
+        name="VerlRolloutOffPolicyGap", severity="warning",
+        expr=sub("abs(${kl}) > ${mismatch:kl} or ${k3_kl} > ${mismatch:kl} or abs(ln(${ppl_ratio})) > ${mismatch:kl}",
+                 kl=corr("kl"), k3_kl=corr("k3_kl"), ppl_ratio=corr("ppl_ratio")), for_="15m",
+        summary="The rollout policy and the training policy have drifted apart (rollout KL too large).",
+        description="Run ${RUN}: the KL between rollout and training policy (rollout_corr/kl, k3_kl or the log of "
+        "ppl_ratio) is ${NUMBER}, beyond ${mismatch:kl}.",
+        meaning="${DOC_LINK} calls a KL between the rollout policy and the training policy above 0.1 a significant "
         "off-policy gap. `k3_kl` estimates the same KL more stably; `ppl_ratio` is exp of the mean log "
         "probability gap, so its log is held to the same bound.",
-        "Follow the Rollout Correction guide: start with bypass mode and rejection sampling "
+        fix="Follow the Rollout Correction guide: start with bypass mode and rejection sampling "
         "(`algorithm.rollout_correction.rollout_rs`), then IS weights (`rollout_is: sequence`); verify the "
         "rollout and training engines are not too different (precision, versions, stale weights)."),
     Alert(
-        "VerlRolloutChiSquaredHigh", "warning",
-        f"{corr('chi2_token')} > ${{mismatch:chi2}}", "15m",
-        "The rollout and training distributions have shifted severely (chi-squared).",
-        f"Run {RUN}: rollout_corr/chi2_token is {NUMBER}, above ${{mismatch:chi2}}.",
-        f"`chi2_token` is the second moment of the token IS weights minus 1; {DOC_LINK} reads above 1.0 as a "
+        name="VerlRolloutChiSquaredHigh", severity="warning",
+        expr=sub("${chi2} > ${mismatch:chi2}", chi2=corr("chi2_token")), for_="15m",
+        summary="The rollout and training distributions have shifted severely (chi-squared).",
+        description="Run ${RUN}: rollout_corr/chi2_token is ${NUMBER}, above ${mismatch:chi2}.",
+        meaning="`chi2_token` is the second moment of the token IS weights minus 1; ${DOC_LINK} reads above 1.0 as a "
         "severe distribution shift: the IS-weighted gradient has a very high variance.",
-        "Tighten `algorithm.rollout_correction.rollout_is_threshold`, switch from sequence to geometric "
+        fix="Tighten `algorithm.rollout_correction.rollout_is_threshold`, switch from sequence to geometric "
         "rejection sampling, and check why rollout and training differ."),
     Alert(
-        "VerlRolloutIsWeightsOffCenter", "warning",
-        f"{corr('rollout_is_mean')} < ${{mismatch:is_mean_min}} or {corr('rollout_is_mean')} > ${{mismatch:is_mean_max}}",
-        "15m",
-        "The mean importance-sampling weight is far from 1.",
-        f"Run {RUN}: rollout_corr/rollout_is_mean is {NUMBER}, outside ${{mismatch:is_mean_min}}-"
+        name="VerlRolloutIsWeightsOffCenter", severity="warning",
+        expr=sub("${mean} < ${mismatch:is_mean_min} or ${mean} > ${mismatch:is_mean_max}",
+                 mean=corr("rollout_is_mean")),
+        for_="15m",
+        summary="The mean importance-sampling weight is far from 1.",
+        description="Run ${RUN}: rollout_corr/rollout_is_mean is ${NUMBER}, outside ${mismatch:is_mean_min}-"
         "${mismatch:is_mean_max}.",
-        f"A mean IS weight close to 1 means little off-policy gap; {DOC_LINK} flags below 0.5 or above 2.0 as a "
+        meaning="A mean IS weight close to 1 means little off-policy gap; ${DOC_LINK} flags below 0.5 or above 2.0 as a "
         "significant, systematic distribution shift, most often a setup error.",
-        f"As the guide's troubleshooting says: verify {ENABLE}, check that the rollout log-probs are passed "
+        fix="As the guide's troubleshooting says: verify ${ENABLE}, check that the rollout log-probs are passed "
         "correctly, then look for a systematic shift between the engines."),
     Alert(
-        "VerlRolloutIsWeightsConcentrated", "warning",
-        f"{corr('rollout_is_eff_sample_size')} < ${{mismatch:ess_min}} or {corr('rollout_is_std')} > ${{mismatch:is_std_max}}",
-        "15m",
-        "Importance-sampling weights concentrate on few samples.",
-        f"Run {RUN}: the IS weights' effective sample size (fraction of the batch) or std is {NUMBER}: below "
+        name="VerlRolloutIsWeightsConcentrated", severity="warning",
+        expr=sub("${ess} < ${mismatch:ess_min} or ${std} > ${mismatch:is_std_max}",
+                 ess=corr("rollout_is_eff_sample_size"), std=corr("rollout_is_std")),
+        for_="15m",
+        summary="Importance-sampling weights concentrate on few samples.",
+        description="Run ${RUN}: the IS weights' effective sample size (fraction of the batch) or std is ${NUMBER}: below "
         "${mismatch:ess_min} or above ${mismatch:is_std_max}.",
-        f"{DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
+        meaning="${DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
         "samples carry most of the gradient (high spread in IS weights).",
-        "Switch `algorithm.rollout_correction` from `sequence` to `geometric` level, tighten the thresholds, "
+        fix="Switch `algorithm.rollout_correction` from `sequence` to `geometric` level, tighten the thresholds, "
         "and verify rollout and training are not too different."),
     Alert(
-        "VerlRolloutTrajectoriesStale", "warning",
-        "verl_training_off_policy_trajectory_staleness_worst_max >= ${mismatch:staleness_max}", "15m",
-        "Asynchronous training trains on very stale trajectories.",
-        f"Run {RUN}: the stalest trajectory was generated {NUMBER} model versions before the one trained.",
-        "`training/off_policy/trajectory_staleness_worst/*` is the gap between the oldest model version "
+        name="VerlRolloutTrajectoriesStale", severity="warning",
+        expr="verl_training_off_policy_trajectory_staleness_worst_max >= ${mismatch:staleness_max}", for_="15m",
+        summary="Asynchronous training trains on very stale trajectories.",
+        description="Run ${RUN}: the stalest trajectory was generated ${NUMBER} model versions before the one trained.",
+        meaning="`training/off_policy/trajectory_staleness_worst/*` is the gap between the oldest model version "
         "used by a trajectory and the version being trained. At the V1 async trainer's default "
         "`max_off_policy_threshold` of 8 versions trajectories are dropped or waited for; staleness "
         "this large makes the data off-policy enough to need correction.",
-        "Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
+        fix="Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
         "(`parameter_sync_step`); enable rollout correction; give rollout more resources if the trainer "
         "outpaces it."),
 ), training=True, interval=PER_STEP_INTERVAL)

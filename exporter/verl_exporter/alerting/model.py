@@ -1,11 +1,31 @@
-"""Alert and rule-group definitions, catalog placeholders and duration scaling."""
+"""Alert and rule-group definitions, placeholders and duration scaling.
+
+Alerts and groups are built with named fields only (``Alert(name=..., severity=..., expr=...,
+for_=..., summary=..., description=..., meaning=..., fix=...)``).
+
+Placeholders: every substitution into an expression or a text is written ``${...}``, one syntax,
+filled in by ``fill`` when the rules are rendered (no f-strings or ``str.format`` in the definitions):
+
+- ``${verl/key:threshold}``: a threshold of the exporter's catalog (``${actor/ppo_kl:too_large}``),
+  or its healthy range (``${actor/entropy:healthy.min}``);
+- ``${table:name}``: a number of another table (``${system:gpu_hot_celsius}``, ``${setting:KEY}``
+  for verl's default of a setting, ``${anomaly:...}``, ``${mismatch:...}``, ``${rollout:...}``);
+- ``${NAME}``: a text fragment, the upper-case text constant ``NAME`` of this module or of a
+  definitions module (``${RUN}``, ``${PERCENT}``, ``${HELD}``), itself filled in the same way.
+
+Helpers that take arguments build their text with ``sub`` (``sub("rate(${series}[5m])",
+series=...)``), which fills the ``${name}`` of its arguments and leaves the others for ``fill``.
+Durations are Prometheus's, read and written by ``verl_exporter.durations``.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from verl_exporter.catalog import Catalog
+from verl_exporter.durations import format_duration, parse_duration
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -22,20 +42,19 @@ DURATION = "{{ $value | humanizeDuration }}"
 RUN_MATCH = "on(job, instance, project, experiment)"
 
 _PLACEHOLDER = re.compile(r"\$\{([^}:]+):([^}]+)\}")
-_DURATION = re.compile(r"^(\d+)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_FRAGMENT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # A range or subquery ("[1h]", "[15m:1m]") and an offset ("offset 1h") inside PromQL.
 _RANGE = re.compile(r"\[(\d+[smhd])(?::(\d+[smhd])?)?\]")
 _OFFSET = re.compile(r"\boffset (\d+[smhd])\b")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Alert:
     """One alerting rule and what the runbook says about it.
 
-    ``expr`` and ``description`` may hold ``${verl/key:threshold}`` placeholders (or
-    ``${verl/key:healthy.min}``); ``meaning`` and ``fix`` are Markdown for the runbook, ``fix`` is
-    also the ``fix`` annotation shown in notifications.
+    Every text may hold placeholders (``${verl/key:threshold}``, ``${table:name}``, ``${NAME}``: see
+    the module's docstring); ``meaning`` and ``fix`` are Markdown for the runbook, ``fix`` is also the
+    ``fix`` annotation shown in notifications. Built with named fields only.
     """
 
     name: str
@@ -73,9 +92,9 @@ class Alert:
 PER_STEP_INTERVAL = "1m"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Group:
-    """A rule group: ``name`` in Prometheus, the rule file it lives in, its alerts."""
+    """A rule group: ``name`` in Prometheus, the rule file it lives in, its alerts (named fields only)."""
 
     name: str
     file: str
@@ -91,29 +110,12 @@ class Group:
                 raise ValueError(f"{self.name}: a `for` of {shortest:g}s is too short for interval {self.interval}")
 
 
-def parse_duration(text: str) -> float:
-    """Seconds of a simple Prometheus duration such as ``90s``, ``10m``, ``1h``."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"duration {text!r}: want a number and one of s, m, h, d")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest exact Prometheus duration for whole ``seconds`` (``3600`` -> ``1h``)."""
-    seconds = int(round(seconds))
-    for unit in ("d", "h", "m"):
-        if seconds and seconds % _UNIT_SECONDS[unit] == 0:
-            return f"{seconds // _UNIT_SECONDS[unit]}{unit}"
-    return f"{seconds}s"
-
-
 def scale_duration(text: str, scale: float, minimum: float) -> str:
-    """``text`` times ``scale``, at least ``minimum`` seconds (0 stays 0)."""
+    """``text`` times ``scale``, at least ``minimum`` seconds, in whole seconds (0 stays 0)."""
     seconds = parse_duration(text)
     if seconds == 0 or scale == 1:
         return text
-    return format_duration(max(minimum, seconds * scale))
+    return format_duration(round(max(minimum, seconds * scale)))
 
 
 def scale_expr(expr: str, scale: float, min_range: float) -> str:
@@ -137,12 +139,49 @@ def format_number(value: float) -> str:
     return f"{value:g}"
 
 
-def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None) -> str:
-    """Replace each ``${verl/key:name}`` with the catalog's threshold (or ``healthy.min|max``).
+def sub(template: str, **values: object) -> str:
+    """``template`` with each ``${name}`` of ``values`` replaced by its text; other placeholders stay."""
+    return _FRAGMENT.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
+
+
+def fragments(*modules: ModuleType) -> dict[str, str]:
+    """The text fragments ``${NAME}`` of ``modules``: their upper-case module-level text constants.
+    A name means one text: the same name with two texts is refused."""
+    found: dict[str, str] = {}
+    for module in modules:
+        for name, value in vars(module).items():
+            if not (isinstance(value, str) and re.fullmatch(r"[A-Z][A-Z0-9_]*", name)):
+                continue
+            if found.setdefault(name, value) != value:
+                raise ValueError(f"fragment ${{{name}}}: {module.__name__} gives it another text")
+    return found
+
+
+def expand(text: str, fragments: dict[str, str]) -> str:
+    """``text`` with every ``${NAME}`` fragment replaced, fragments within fragments too."""
+    for _ in range(16):
+        expanded = _FRAGMENT.sub(lambda m: _fragment(m, fragments), text)
+        if expanded == text:
+            return text
+        text = expanded
+    raise ValueError(f"fragments nested too deep (a cycle?) in {text[:80]!r}")
+
+
+def _fragment(match: re.Match, fragments: dict[str, str]) -> str:
+    if match.group(1) not in fragments:
+        raise KeyError(f"placeholder {match.group(0)}: no text fragment {match.group(1)!r}")
+    return fragments[match.group(1)]
+
+
+def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None,
+         fragments: dict[str, str] | None = None) -> str:
+    """``text`` with its placeholders filled (see the module's docstring): fragments ``${NAME}``
+    first, then each ``${verl/key:name}`` with the catalog's threshold (or ``healthy.min|max``).
 
     ``extra`` holds thresholds that are not verl metrics: ``${system:gpu_hot_celsius}`` reads
     ``extra["system"]["gpu_hot_celsius"]``.
     """
+    text = expand(text, fragments or {})
 
     def value(match: re.Match) -> str:
         key, name = match.group(1), match.group(2)
@@ -161,8 +200,3 @@ def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None) -> s
         return format_number(source[field_name])
 
     return _PLACEHOLDER.sub(value, text)
-
-
-def placeholders(text: str) -> list[tuple[str, str]]:
-    """The (verl key, threshold name) pairs ``text`` refers to."""
-    return _PLACEHOLDER.findall(text)

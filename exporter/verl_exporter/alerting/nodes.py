@@ -13,16 +13,19 @@ figure at 1,000 runs.
 
 from __future__ import annotations
 
+from .model import sub
+
 NODES = "run_instance:verl_node_run_info:unfinished"
 # The runs a target works for.
 NODE_RUNS = "verl_node_run_info"
-# Recorded first in the same group (alerts/generator/system.py): one series per run, 1 once finished.
+# Recorded first in the same group (system.py): one series per run, 1 once finished.
 FINISHED = "project_experiment:verl_training_finished:max"
 
 
 def per_run(per_target: str, nodes: str = NODES) -> str:
     """``per_target`` (one series per job, instance) summed over the targets of each run."""
-    return f"sum by (project, experiment) ({per_target} * on(job, instance) group_right() {nodes})"
+    return sub("sum by (project, experiment) (${per_target} * on(job, instance) group_right() ${nodes})",
+               per_target=per_target, nodes=nodes)
 
 
 # Per-run figures over every node of the run: (recorded name, aggregation per target, metric);
@@ -44,14 +47,14 @@ FIGURES = (
 
 def figure(aggregation: str, metric: str) -> str:
     if aggregation == "avg":
-        return f"{figure('sum', metric)} / {figure('count', metric)}"
-    return per_run(f"{aggregation} by (job, instance) ({metric})")
+        return sub("${sum} / ${count}", sum=figure("sum", metric), count=figure("count", metric))
+    return per_run(sub("${aggregation} by (job, instance) (${metric})", aggregation=aggregation, metric=metric))
 
 
 def recording_rules() -> list[dict]:
     """Rules of the verl-fleet group that come first: the run's nodes, then per-run GPU and host figures."""
     return [
-        {"record": NODES, "expr": f"{NODE_RUNS} unless on(project, experiment) {FINISHED} == 1"},
-        {"record": "project_experiment:verl_nodes:count", "expr": f"count by (project, experiment) ({NODES})"},
+        {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
+        {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
         *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
     ]

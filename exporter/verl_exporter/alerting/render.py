@@ -16,9 +16,11 @@ import yaml
 
 from verl_exporter.catalog import Catalog, default_catalog
 
-from . import anomaly, mismatch, rollout, settings, system, training
+from verl_exporter.durations import parse_duration
+
+from . import anomaly, mismatch, model, nodes, rollout, settings, system, training
 from .departures import DEPARTURES
-from .model import Alert, Group, fill, parse_duration, scale_duration, scale_expr
+from .model import Alert, Group, fill, scale_duration, scale_expr
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout the generated files are written into
 DATA = Path("exporter/verl_exporter/data")  # verl_exporter.shipped.data_dir(), from the checkout's root
@@ -32,6 +34,8 @@ EXTRA_THRESHOLDS = {
     **mismatch.EXTRA,
     **rollout.EXTRA,
 }
+# ${NAME} in the definitions: the text constants of the definition modules.
+FRAGMENTS = model.fragments(model, settings, training, mismatch, system, nodes, rollout, anomaly)
 # Base of every runbook_url: the exporter serves the packaged RUNBOOK.md at /runbook, so the link
 # resolves in `make demo` and the compose stack; where the runbook is hosted elsewhere, render with
 # --runbook-url (`make generate RUNBOOK_URL=...`, `verl-exporter rules --runbook-url`).
@@ -53,6 +57,11 @@ def alerts() -> list[Alert]:
     return [alert for group in GROUPS for alert in group.alerts]
 
 
+def filled(text: str, catalog: Catalog) -> str:
+    """``text`` with its placeholders filled: fragments, catalog thresholds, the other tables."""
+    return fill(text, catalog, EXTRA_THRESHOLDS, FRAGMENTS)
+
+
 def anchor(alert: Alert) -> str:
     """The RUNBOOK.md section anchor of an alert (GitHub's: the heading, lower-cased)."""
     return alert.name.lower()
@@ -60,7 +69,7 @@ def anchor(alert: Alert) -> str:
 
 def full_expr(alert: Alert, group: Group) -> str:
     """The alert's expression; per-run alerts stop once the run has finished."""
-    expr = alert.expr
+    expr = model.expand(alert.expr, FRAGMENTS)
     if group.training:
         if " or " in expr:
             expr = f"({expr})"
@@ -89,17 +98,17 @@ def layout(expr: str) -> str:
 
 def rule(alert: Alert, group: Group, catalog: Catalog, time_scale: float, min_range: float,
          runbook_url: str = DEFAULT_RUNBOOK_URL) -> dict:
-    expr = scale_expr(fill(full_expr(alert, group), catalog, EXTRA_THRESHOLDS), time_scale, min_range)
+    expr = scale_expr(filled(full_expr(alert, group), catalog), time_scale, min_range)
     entry = {"alert": alert.name, "expr": layout(expr)}
     if parse_duration(alert.for_):
         entry["for"] = scale_duration(alert.for_, time_scale, 1)
     return entry | {
         "labels": {"severity": alert.severity},
         "annotations": {
-            "summary": alert.summary,
-            "description": fill(alert.description, catalog, EXTRA_THRESHOLDS),
+            "summary": filled(alert.summary, catalog),
+            "description": filled(alert.description, catalog),
             "runbook_url": f"{runbook_url}#{anchor(alert)}",
-            "fix": alert.fix,
+            "fix": filled(alert.fix, catalog),
         } | ({"evidence": EVIDENCE_URL} if alert.evidence else {}),
     }
 
@@ -129,7 +138,7 @@ def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_r
     files: dict[str, dict] = {}
     for group in settings.recording_groups():
         for entry in group["rules"]:
-            entry["expr"] = layout(scale_expr(fill(entry["expr"], catalog, EXTRA_THRESHOLDS), time_scale, min_range))
+            entry["expr"] = layout(scale_expr(filled(entry["expr"], catalog), time_scale, min_range))
         files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(group, time_scale))
     for group in GROUPS:
         rules = [rule(alert, group, catalog, time_scale, min_range, runbook_url) for alert in group.alerts]
@@ -153,7 +162,7 @@ def recording_rules(catalog: Catalog | None = None, *, time_scale: float = 1.0, 
     groups = system.recording_rules() + rollout.recording_rules() + anomaly.recording_rules()
     for group in groups:
         for entry in group["rules"]:
-            entry["expr"] = layout(scale_expr(fill(entry["expr"], catalog, EXTRA_THRESHOLDS), time_scale, min_range))
+            entry["expr"] = layout(scale_expr(filled(entry["expr"], catalog), time_scale, min_range))
     return dump({"groups": groups})
 
 
@@ -187,20 +196,21 @@ def runbook(catalog: Catalog | None = None) -> str:
             out += [
                 f"### {alert.name}\n",
                 f"**Severity:** {alert.severity} · **For:** {wait}{guide}\n",
-                f"{alert.summary}\n",
-                f"**Meaning.** {fill(alert.meaning, catalog, EXTRA_THRESHOLDS)}\n",
-                f"**Fix.** {alert.fix}\n",
-                *([f"**Differs from the guide.** {fill(DEPARTURES[alert.name], catalog, EXTRA_THRESHOLDS)}\n"]
+                f"{filled(alert.summary, catalog)}\n",
+                f"**Meaning.** {filled(alert.meaning, catalog)}\n",
+                f"**Fix.** {filled(alert.fix, catalog)}\n",
+                *([f"**Differs from the guide.** {filled(DEPARTURES[alert.name], catalog)}\n"]
                   if alert.name in DEPARTURES else []),
                 "```promql",
-                layout(fill(full_expr(alert, group), catalog, EXTRA_THRESHOLDS)).rstrip("\n"),
+                layout(filled(full_expr(alert, group), catalog)).rstrip("\n"),
                 "```\n",
             ]
     return "\n".join(out)
 
 
-def table() -> str:
+def table(catalog: Catalog | None = None) -> str:
     """docs/alerts.md: every alert in one table."""
+    catalog = catalog or default_catalog()
     out = [
         "# Alerts\n",
         f"{len(alerts())} alerts in `{RULES_DIR}/verl-*.rules.yml`, generated from",
@@ -214,6 +224,6 @@ def table() -> str:
     for alert in alerts():
         link = f"[{alert.name}](../{RUNBOOK_FILE}#{anchor(alert)})"
         wait = alert.wait()
-        cells = [link, alert.severity, wait, alert.summary, alert.fix]
+        cells = [link, alert.severity, wait, filled(alert.summary, catalog), filled(alert.fix, catalog)]
         out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(out) + "\n"

@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import re
 
-from .model import PERCENT, PER_STEP_INTERVAL, RUN, Alert, Group
+from .model import PER_STEP_INTERVAL, Alert, Group, sub
 
 RATE = "5m"
 BY_RUN = "by (project, experiment)"
-RUNNING = f"sum {BY_RUN} (vllm:num_requests_running) or sum {BY_RUN} (sglang:num_running_reqs)"
-WAITING = f"sum {BY_RUN} (vllm:num_requests_waiting) or sum {BY_RUN} (sglang:num_queue_reqs)"
+RUNNING = "sum ${BY_RUN} (vllm:num_requests_running) or sum ${BY_RUN} (sglang:num_running_reqs)"
+WAITING = "sum ${BY_RUN} (vllm:num_requests_waiting) or sum ${BY_RUN} (sglang:num_queue_reqs)"
 # The fullest engine of the run; the newer vLLM name wins where an engine serves both.
-KV_CACHE = f"max {BY_RUN} (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)"
-GENERATION = (f"sum {BY_RUN} (rate(vllm:generation_tokens_total[{RATE}]))"
-              f" or sum {BY_RUN} (rate(sglang:generation_tokens_total[{RATE}]))"
-              f" or sum {BY_RUN} (sglang:gen_throughput)")
-PREEMPTIONS = (f"sum {BY_RUN} (rate(vllm:num_preemptions_total[{RATE}]))"
-               f" or sum {BY_RUN} (rate(sglang:num_retracted_requests_total[{RATE}]))")
+KV_CACHE = "max ${BY_RUN} (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)"
+GENERATION = ("sum ${BY_RUN} (rate(vllm:generation_tokens_total[${RATE}]))"
+              " or sum ${BY_RUN} (rate(sglang:generation_tokens_total[${RATE}]))"
+              " or sum ${BY_RUN} (sglang:gen_throughput)")
+PREEMPTIONS = ("sum ${BY_RUN} (rate(vllm:num_preemptions_total[${RATE}]))"
+               " or sum ${BY_RUN} (rate(sglang:num_retracted_requests_total[${RATE}]))")
 THRESHOLDS = {
     "kv_cache_saturated": 0.95,  # KV-cache usage from which new sequences wait or preempt others
     "preemptions_per_second": 0.0,  # any preemption while generation dominates the step
@@ -60,27 +60,27 @@ def _quoted(expr: str) -> str:
 
 
 KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
-PREEMPTED_NOW = (_quoted(f"({PREEMPTIONS}) > 0") + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
+PREEMPTED_NOW = (_quoted(sub("(${PREEMPTIONS}) > 0", PREEMPTIONS=PREEMPTIONS)) + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
                  " requests/s.{{ end }}")
 
-ROLLOUT = Group("verl-rollout", "verl-performance.rules.yml", "Rollout engines", (
+ROLLOUT = Group(name="verl-rollout", file="verl-performance.rules.yml", title="Rollout engines", alerts=(
     Alert(
-        "VerlGenerationKvCacheBound", "info",
-        "verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}"
-        f" and on(project, experiment) (({KV_CACHE}) >= ${{rollout:kv_cache_saturated}}"
-        f" or ({PREEMPTIONS}) > ${{rollout:preemptions_per_second}})", "15m",
-        "Generation is slow because the rollout engines' KV cache is full or they preempt requests.",
-        f"Run {RUN}: generation (timing_s/gen) takes {PERCENT} of the step while its rollout engines are "
+        name="VerlGenerationKvCacheBound", severity="info",
+        expr="verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}"
+        " and on(project, experiment) ((${KV_CACHE}) >= ${rollout:kv_cache_saturated}"
+        " or (${PREEMPTIONS}) > ${rollout:preemptions_per_second})", for_="15m",
+        summary="Generation is slow because the rollout engines' KV cache is full or they preempt requests.",
+        description="Run ${RUN}: generation (timing_s/gen) takes ${PERCENT} of the step while its rollout engines are "
         "out of KV cache." + KV_NOW + PREEMPTED_NOW,
-        "Generation dominates the step (as VerlGenerationBottleneck) and the run's vLLM or SGLang servers "
+        meaning="Generation dominates the step (as VerlGenerationBottleneck) and the run's vLLM or SGLang servers "
         "(scraped by the `rollout` job, `actor_rollout_ref.rollout.prometheus.enable=True`) have their KV "
         "cache at least ${rollout:kv_cache_saturated} full, or preempt (vLLM) or retract (SGLang) running "
         "requests: sequences wait for cache blocks, and preempted ones are computed again from their prompt.",
-        "Give the engines more KV cache: raise `actor_rollout_ref.rollout.gpu_memory_utilization` (e.g. "
+        fix="Give the engines more KV cache: raise `actor_rollout_ref.rollout.gpu_memory_utilization` (e.g. "
         "0.5 -> 0.7, if the trainer's memory allows), or `actor_rollout_ref.rollout.tensor_model_parallel_size`; "
         "or admit fewer sequences at once: lower `actor_rollout_ref.rollout.max_num_seqs` or "
         "`max_num_batched_tokens`.",
-        "11.2",
+        guide="11.2",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 

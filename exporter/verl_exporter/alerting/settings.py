@@ -13,7 +13,7 @@ unknown.
 
 from __future__ import annotations
 
-from .model import PER_STEP_INTERVAL
+from .model import PER_STEP_INTERVAL, sub
 
 RULE_FILE = "verl-training.rules.yml"
 ACTOR_GRAD_CLIP = "run:verl_actor_grad_clip:setting"
@@ -27,31 +27,34 @@ ACTOR = "actor_rollout_ref.actor"
 
 def setting(key: str) -> str:
     """The run's own value of a verl setting (no series for a run whose config is unknown)."""
-    return f'max without(key) (verl_run_config{{key="{key}"}})'
+    return sub('max without(key) (verl_run_config{key="${key}"})', key=key)
 
 
 def setting_or_default(key: str) -> str:
     """The run's own value of a setting, else verl's default (``${setting:KEY}`` of the catalog)."""
-    return f"{setting(key)} or (0 * verl_training_last_step + ${{setting:{key}}})"
+    return sub("${setting} or (0 * verl_training_last_step + ${default})", setting=setting(key),
+               default=sub("${setting:${key}}", key=key))
 
 
 def quote(key: str, missing: str) -> str:
     """Alert template text: the run's value of ``key``, or ``missing`` for a run of unknown config."""
-    selector = f'verl_run_config{{key="{key}",project=%q,experiment=%q}}'
+    selector = sub('verl_run_config{key="${key}",project=%q,experiment=%q}', key=key)
     return ("{{ with printf `" + selector + "` $labels.project $labels.experiment | query }}"
             '{{ . | first | value | printf "%.4g" }}{{ else }}' + missing + "{{ end }}")
 
 
 def recording_groups() -> list[dict]:
     """The settings the rules of verl-training.rules.yml use, one series per run."""
-    epochs = setting(f"{ACTOR}.ppo_epochs")
-    batches = f'ceil({setting("data.train_batch_size")} / {setting(f"{ACTOR}.ppo_mini_batch_size")})'
+    epochs = setting(sub("${ACTOR}.ppo_epochs", ACTOR=ACTOR))
+    batches = sub("ceil(${size} / ${mini})", size=setting("data.train_batch_size"),
+                  mini=setting(sub("${ACTOR}.ppo_mini_batch_size", ACTOR=ACTOR)))
     return [{
         "name": "verl-run-settings",
         "interval": PER_STEP_INTERVAL,
         "rules": [
-            {"record": ACTOR_GRAD_CLIP, "expr": setting_or_default(f"{ACTOR}.grad_clip")},
+            {"record": ACTOR_GRAD_CLIP, "expr": setting_or_default(sub("${ACTOR}.grad_clip", ACTOR=ACTOR))},
             {"record": CRITIC_GRAD_CLIP, "expr": setting_or_default("critic.grad_clip")},
-            {"record": POLICY_UPDATES, "expr": f"{epochs} * {batches} or {epochs} or {batches}"},
+            {"record": POLICY_UPDATES, "expr": sub("${epochs} * ${batches} or ${epochs} or ${batches}",
+                                                    epochs=epochs, batches=batches)},
         ],
     }]

@@ -5,8 +5,8 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import NUMBER, PERCENT, PER_STEP_INTERVAL, RUN, RUN_MATCH, Alert, Group
-from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, POLICY_UPDATES, quote
+from .model import PER_STEP_INTERVAL, Alert, Group, sub
+from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
 WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
@@ -14,13 +14,13 @@ WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_ste
 # crossed is not a pending alert, whose annotations Prometheus would expand at every evaluation.
 HELD = "1h"
 HELD_FOR = "5m"
-WARMED_ACTOR_HELD = f"verl_training_last_step offset {HELD} >= ${{actor/pg_clipfrac:warmup_steps}}"
-WARMED_CRITIC_HELD = f"verl_training_last_step offset {HELD} >= ${{critic/vf_explained_var:warmup_steps}}"
+WARMED_ACTOR_HELD = "verl_training_last_step offset ${HELD} >= ${actor/pg_clipfrac:warmup_steps}"
+WARMED_CRITIC_HELD = "verl_training_last_step offset ${HELD} >= ${critic/vf_explained_var:warmup_steps}"
 
 
 def held_below(series: str, threshold: str) -> str:
     """``series`` below ``threshold`` at every sample of the last hour; the value is its highest."""
-    return f"max_over_time({series}[{HELD}]) < {threshold}"
+    return sub("max_over_time(${series}[${HELD}]) < ${threshold}", series=series, threshold=threshold)
 
 
 # Mean score of the last hour minus the mean of the hour before (needs two hours of data).
@@ -31,28 +31,29 @@ SCORE_STALLED = ("avg_over_time(verl_critic_score_mean[30m]) - avg_over_time(ver
 # The score's range over 6 hours, from the batches' best and worst sequence scores.
 SCORE_RANGE = "(max_over_time(verl_critic_score_max[6h]) - min_over_time(verl_critic_score_min[6h]))"
 # The middle of that range: below it the score is in the lower half of what the batches scored.
-SCORE_MIDDLE = f"(min_over_time(verl_critic_score_min[6h]) + ${{critic/score/mean:low_share}} * {SCORE_RANGE})"
-SCORE_LOW = f"verl_critic_score_mean < {SCORE_MIDDLE}"
+SCORE_MIDDLE = "(min_over_time(verl_critic_score_min[6h]) + ${critic/score/mean:low_share} * ${SCORE_RANGE})"
+SCORE_LOW = "verl_critic_score_mean < ${SCORE_MIDDLE}"
 # Converged near its best: the last hour's mean within a tenth of that range of the best step of 6
 # hours, and in the upper half of the range (a run that never learned is also "at its best").
 NEAR_BEST = ("(avg_over_time(verl_critic_score_mean[1h]) >= max_over_time(verl_critic_score_mean[6h])"
-             f" - ${{critic/score/mean:near_best_share}} * {SCORE_RANGE}"
-             f" and avg_over_time(verl_critic_score_mean[1h]) >= {SCORE_MIDDLE})")
+             " - ${critic/score/mean:near_best_share} * ${SCORE_RANGE}"
+             " and avg_over_time(verl_critic_score_mean[1h]) >= ${SCORE_MIDDLE})")
 # Some value of the hour was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of 0.000
 # every step says nothing about how small it really was.
-RESOLVED_KL = f"(max_over_time(verl_actor_ppo_kl[{HELD}]) > 0 or min_over_time(verl_actor_ppo_kl[{HELD}]) < 0)"
+RESOLVED_KL = "(max_over_time(verl_actor_ppo_kl[${HELD}]) > 0 or min_over_time(verl_actor_ppo_kl[${HELD}]) < 0)"
 
 
 def grad_pinned(metric: str, clip: str, tolerance: str) -> str:
     """``metric`` within ``tolerance`` (relative) of the run's own grad_clip (recording rule ``clip``)."""
-    return f"abs({metric} - {RUN_MATCH} {clip}) <= {RUN_MATCH} ({tolerance} * {clip})"
+    return sub("abs(${metric} - ${RUN_MATCH} ${clip}) <= ${RUN_MATCH} (${tolerance} * ${clip})",
+               metric=metric, clip=clip, tolerance=tolerance)
 
 
 GRAD_PINNED = grad_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad_norm:pinned_tolerance}")
 # "Frozen" and "conservative" mean something only when the policy is updated more than once per
 # rollout: on-policy (ppo_epochs 1, one mini-batch per batch) has pg_clipfrac and ppo_kl at 0 by
 # construction. Runs whose config is unknown are left out too (no series).
-MULTI_UPDATE = f"{RUN_MATCH} {POLICY_UPDATES} > 1"
+MULTI_UPDATE = "${RUN_MATCH} ${POLICY_UPDATES} > 1"
 UNKNOWN = " (verl's default; the run's config is unknown)"
 CLIP_RATIO = quote("actor_rollout_ref.actor.clip_ratio", "${setting:actor_rollout_ref.actor.clip_ratio}" + UNKNOWN)
 # No description quotes grad_clip: where the gradient norm is pinned, its value shown is the clip
@@ -61,29 +62,29 @@ MAX_RESPONSE = quote("data.max_response_length", "(unknown: the run's config is 
 MAX_PROMPT = quote("data.max_prompt_length", "(unknown: the run's config is not known)")
 HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
 
-ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)", (
+ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (policy network)", alerts=(
     Alert(
-        "VerlPolicyUpdateAggressive", "warning",
-        "verl_actor_pg_clipfrac > ${actor/pg_clipfrac:aggressive}", "15m",
-        "PPO clips more than half of the policy updates.",
-        f"Run {RUN}: actor/pg_clipfrac is {PERCENT}, above ${{actor/pg_clipfrac:aggressive}}: "
-        f"policy updates are aggressive and may be unstable (clip_ratio {CLIP_RATIO}).",
-        "`actor/pg_clipfrac` is the share of samples whose probability ratio left the PPO clip range. "
+        name="VerlPolicyUpdateAggressive", severity="warning",
+        expr="verl_actor_pg_clipfrac > ${actor/pg_clipfrac:aggressive}", for_="15m",
+        summary="PPO clips more than half of the policy updates.",
+        description="Run ${RUN}: actor/pg_clipfrac is ${PERCENT}, above ${actor/pg_clipfrac:aggressive}: "
+        "policy updates are aggressive and may be unstable (clip_ratio ${CLIP_RATIO}).",
+        meaning="`actor/pg_clipfrac` is the share of samples whose probability ratio left the PPO clip range. "
         "The guide's healthy range is 0.05-0.30; above 0.5 the updates are too large and training may "
         "become unstable.",
-        f"{HALVE_LR}; if the learning rate is already small, widen `actor_rollout_ref.actor.clip_ratio` "
+        fix="${HALVE_LR}; if the learning rate is already small, widen `actor_rollout_ref.actor.clip_ratio` "
         "by half (e.g. 0.2 -> 0.3).",
-        "1.2",
+        guide="1.2",
     ),
     Alert(
-        "VerlPolicyUpdateConservative", "info",
-        f"{held_below('verl_actor_pg_clipfrac', '${actor/pg_clipfrac:conservative}')}"
-        f" and max_over_time(verl_actor_pg_clipfrac[{HELD}]) > 0 and {WARMED_ACTOR_HELD}"
-        f" and {MULTI_UPDATE}", HELD_FOR,
-        "PPO has clipped almost no policy updates for an hour.",
-        f"Run {RUN}: actor/pg_clipfrac has stayed below ${{actor/pg_clipfrac:conservative}} for an hour (at "
-        f"most {PERCENT}; clip_ratio {CLIP_RATIO}): policy updates are conservative and learning may be slow.",
-        "The guide calls below 0.05 conservative, but healthy real runs that update several times per "
+        name="VerlPolicyUpdateConservative", severity="info",
+        expr=held_below("verl_actor_pg_clipfrac", "${actor/pg_clipfrac:conservative}") +
+        " and max_over_time(verl_actor_pg_clipfrac[${HELD}]) > 0 and ${WARMED_ACTOR_HELD}"
+        " and ${MULTI_UPDATE}", for_=HELD_FOR,
+        summary="PPO has clipped almost no policy updates for an hour.",
+        description="Run ${RUN}: actor/pg_clipfrac has stayed below ${actor/pg_clipfrac:conservative} for an hour (at "
+        "most ${PERCENT}; clip_ratio ${CLIP_RATIO}): policy updates are conservative and learning may be slow.",
+        meaning="The guide calls below 0.05 conservative, but healthy real runs that update several times per "
         "rollout clip 0.1-0.5% of their samples (0.001-0.005) for their whole life: the rule waits for "
         "below 0.001, where almost no update reaches the clip range and the policy changes little per step. "
         "A fraction printed as 0.000 at every step (verl before 0.5) says nothing and is left out, like an "
@@ -91,315 +92,315 @@ ACTOR = Group("verl-actor", "verl-training.rules.yml", "Actor (policy network)",
         "update the policy more than once per rollout (`ppo_epochs` > 1 or `ppo_mini_batch_size` below "
         "`data.train_batch_size`): on-policy runs (the common GRPO recipe) clip nothing by construction, "
         "and runs whose config the exporter does not know are left out.",
-        "If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
+        fix="If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
         "run has converged, nothing to do.",
-        "1.2",
+        guide="1.2",
         held=HELD,
     ),
     Alert(
-        "VerlPolicyChangeTooLarge", "warning",
-        "verl_actor_ppo_kl > ${actor/ppo_kl:too_large}", "15m",
-        "The policy changes too much per update (PPO KL too large).",
-        f"Run {RUN}: actor/ppo_kl is {NUMBER}, above ${{actor/ppo_kl:too_large}}.",
-        "`actor/ppo_kl` approximates the KL divergence between the old and the new policy. The guide's "
+        name="VerlPolicyChangeTooLarge", severity="warning",
+        expr="verl_actor_ppo_kl > ${actor/ppo_kl:too_large}", for_="15m",
+        summary="The policy changes too much per update (PPO KL too large).",
+        description="Run ${RUN}: actor/ppo_kl is ${NUMBER}, above ${actor/ppo_kl:too_large}.",
+        meaning="`actor/ppo_kl` approximates the KL divergence between the old and the new policy. The guide's "
         "healthy range is 0.001-0.01; above 0.05 the policy moves too far in one update.",
-        f"{HALVE_LR}.",
-        "1.3",
+        fix="${HALVE_LR}.",
+        guide="1.3",
     ),
     Alert(
-        "VerlPolicyFrozen", "info",
-        f"{held_below('verl_actor_ppo_kl', '${actor/ppo_kl:frozen}')}"
-        f" and min_over_time(verl_actor_ppo_kl[{HELD}]) > -${{actor/ppo_kl:frozen}}"
-        f" and {RESOLVED_KL} and {WARMED_ACTOR_HELD} and {MULTI_UPDATE}", HELD_FOR,
-        "The policy has barely changed for an hour (PPO KL about 0).",
-        f"Run {RUN}: actor/ppo_kl has stayed within ±${{actor/ppo_kl:frozen}} for an hour (at most "
-        f"{NUMBER}): the policy is almost frozen.",
-        "Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
+        name="VerlPolicyFrozen", severity="info",
+        expr=held_below("verl_actor_ppo_kl", "${actor/ppo_kl:frozen}") +
+        " and min_over_time(verl_actor_ppo_kl[${HELD}]) > -${actor/ppo_kl:frozen}"
+        " and ${RESOLVED_KL} and ${WARMED_ACTOR_HELD} and ${MULTI_UPDATE}", for_=HELD_FOR,
+        summary="The policy has barely changed for an hour (PPO KL about 0).",
+        description="Run ${RUN}: actor/ppo_kl has stayed within ±${actor/ppo_kl:frozen} for an hour (at most "
+        "${NUMBER}): the policy is almost frozen.",
+        meaning="Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
         "has decayed to nothing or exploration has collapsed. Only for runs that update the policy more "
         "than once per rollout: on-policy, the old and the new policy are the same and `ppo_kl` is 0 by "
         "construction; runs whose config the exporter does not know are left out. A KL printed as 0.000 "
         "at every step (verl before 0.5 prints 3 decimals) says nothing: such an hour is left out too.",
-        "Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
+        fix="Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
         "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
-        "1.3",
+        guide="1.3",
         held=HELD,
     ),
     Alert(
-        "VerlEntropyCollapsing", "warning",
-        "verl_actor_entropy < ${actor/entropy:collapse_drop_ratio} * max_over_time(verl_actor_entropy[1h])"
-        f" and verl_actor_entropy < ${{actor/entropy:healthy.min}} and {SCORE_STALLED}", "5m",
-        "Policy entropy fell fast to near zero while the score stalled.",
-        f"Run {RUN}: actor/entropy is {NUMBER}, less than ${{actor/entropy:collapse_drop_ratio}} of its "
+        name="VerlEntropyCollapsing", severity="warning",
+        expr="verl_actor_entropy < ${actor/entropy:collapse_drop_ratio} * max_over_time(verl_actor_entropy[1h])"
+        " and verl_actor_entropy < ${actor/entropy:healthy.min} and ${SCORE_STALLED}", for_="5m",
+        summary="Policy entropy fell fast to near zero while the score stalled.",
+        description="Run ${RUN}: actor/entropy is ${NUMBER}, less than ${actor/entropy:collapse_drop_ratio} of its "
         "maximum of the last hour and below ${actor/entropy:healthy.min}, and critic/score/mean has not "
         "risen over the last 30 minutes.",
-        "Entropy measures how random the policy's output is. It should fall slowly (e.g. 0.8 -> 0.4 over "
+        meaning="Entropy measures how random the policy's output is. It should fall slowly (e.g. 0.8 -> 0.4 over "
         "200 steps); halving within an hour to below 0.1 while the score stops rising is the guide's "
         "signature of a collapse: exploration has ended and the policy may be stuck in a local optimum. "
         "Healthy math runs also drop fast early (0.36 -> 0.09 in 20 minutes) and end at 0.01-0.05, but "
         "with a score that is rising then, or has converged near its best: neither alerts.",
-        "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or the sampling temperature "
+        fix="Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or the sampling temperature "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2).",
-        "1.5",
+        guide="1.5",
     ),
     Alert(
-        "VerlEntropyFlat", "warning",
-        "abs(avg_over_time(verl_actor_entropy[1h]) - avg_over_time(verl_actor_entropy[1h] offset 1h))"
+        name="VerlEntropyFlat", severity="warning",
+        expr="abs(avg_over_time(verl_actor_entropy[1h]) - avg_over_time(verl_actor_entropy[1h] offset 1h))"
         " / avg_over_time(verl_actor_entropy[1h] offset 1h) < ${actor/entropy:flat_change_ratio}"
-        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}} unless {NEAR_BEST}", "1h",
-        "Entropy and score have both stayed flat: the policy is not learning.",
-        f"Run {RUN}: actor/entropy changed by only {PERCENT} hour over hour while critic/score/mean "
+        " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="1h",
+        summary="Entropy and score have both stayed flat: the policy is not learning.",
+        description="Run ${RUN}: actor/entropy changed by only ${PERCENT} hour over hour while critic/score/mean "
         "gained less than ${critic/score/mean:min_gain}.",
-        "Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
+        meaning="Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
         "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
         "has converged near its best score (the last hour within a tenth of the score's range of its best "
         "step of 6 hours, and in the upper half of that range) is flat by design and is left out.",
-        "Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
+        fix="Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
         "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
-        "1.5",
+        guide="1.5",
     ),
     Alert(
-        "VerlKlLossHigh", "warning",
-        "verl_actor_kl_loss > ${actor/kl_loss:too_large}", "10m",
-        "The policy drifts far from the reference policy (KL loss too large).",
-        f"Run {RUN}: actor/kl_loss is {NUMBER}, above ${{actor/kl_loss:too_large}} "
-        f"(kl_loss_coef {quote('actor_rollout_ref.actor.kl_loss_coef', 'unknown')}).",
-        "`actor/kl_loss` is the KL divergence between the policy and the reference policy (GRPO and "
+        name="VerlKlLossHigh", severity="warning",
+        expr="verl_actor_kl_loss > ${actor/kl_loss:too_large}", for_="10m",
+        summary="The policy drifts far from the reference policy (KL loss too large).",
+        description=sub("Run ${RUN}: actor/kl_loss is ${NUMBER}, above ${actor/kl_loss:too_large} "
+                        "(kl_loss_coef ${coef}).", coef=quote("actor_rollout_ref.actor.kl_loss_coef", "unknown")),
+        meaning="`actor/kl_loss` is the KL divergence between the policy and the reference policy (GRPO and "
         "similar). The guide's range is 0.001-0.1; above it the policy leaves the trust region.",
-        "Raise `actor_rollout_ref.actor.kl_loss_coef` or lower `actor_rollout_ref.actor.optim.lr`.",
-        "1.6",
+        fix="Raise `actor_rollout_ref.actor.kl_loss_coef` or lower `actor_rollout_ref.actor.optim.lr`.",
+        guide="1.6",
     ),
     Alert(
-        "VerlActorGradNormPinned", "warning",
-        f"verl_actor_grad_norm and {GRAD_PINNED}", "15m",
-        "The actor's gradient norm is pinned at the clip value.",
-        f"Run {RUN}: actor/grad_norm has stayed at the run's grad_clip (now {NUMBER}): every update is "
+        name="VerlActorGradNormPinned", severity="warning",
+        expr="verl_actor_grad_norm and ${GRAD_PINNED}", for_="15m",
+        summary="The actor's gradient norm is pinned at the clip value.",
+        description="Run ${RUN}: actor/grad_norm has stayed at the run's grad_clip (now ${NUMBER}): every update is "
         "clipped.",
-        "When `actor/grad_norm` equals the gradient clip value (the run's "
+        meaning="When `actor/grad_norm` equals the gradient clip value (the run's "
         "`actor_rollout_ref.actor.grad_clip`, else verl's default "
         "${setting:actor_rollout_ref.actor.grad_clip}) step after step, every gradient is being clipped: "
         "the learning rate is too high or some data is abnormal.",
-        f"{HALVE_LR}; check the data for abnormal samples; only then consider a larger "
+        fix="${HALVE_LR}; check the data for abnormal samples; only then consider a larger "
         "`actor_rollout_ref.actor.grad_clip`.",
-        "1.7",
+        guide="1.7",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 
-CRITIC = Group("verl-critic", "verl-training.rules.yml", "Critic (value network)", (
+CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic (value network)", alerts=(
     Alert(
-        "VerlCriticGradNormPinned", "warning",
-        "verl_critic_grad_norm and "
-        + grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"), "15m",
-        "The critic's gradient norm is pinned at the clip value.",
-        f"Run {RUN}: critic/grad_norm has stayed at the run's critic.grad_clip (now {NUMBER}): every "
+        name="VerlCriticGradNormPinned", severity="warning",
+        expr="verl_critic_grad_norm and "
+        + grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"), for_="15m",
+        summary="The critic's gradient norm is pinned at the clip value.",
+        description="Run ${RUN}: critic/grad_norm has stayed at the run's critic.grad_clip (now ${NUMBER}): every "
         "critic update is clipped.",
-        "When `critic/grad_norm` equals the critic's gradient clip value (the run's `critic.grad_clip`, "
+        meaning="When `critic/grad_norm` equals the critic's gradient clip value (the run's `critic.grad_clip`, "
         "else verl's default ${setting:critic.grad_clip}) step after step, every critic gradient is "
         "clipped: the critic's learning rate is too high or the returns are out of scale.",
-        "Lower `critic.optim.lr` (e.g. halve it); check the reward scale; only then consider a larger "
+        fix="Lower `critic.optim.lr` (e.g. halve it); check the reward scale; only then consider a larger "
         "`critic.grad_clip`.",
-        "2.5",
+        guide="2.5",
     ),
     Alert(
-        "VerlCriticWorseThanConstant", "warning",
-        f"verl_critic_vf_explained_var < ${{critic/vf_explained_var:negative}} and {WARMED_CRITIC}", "15m",
-        "The critic predicts returns worse than a constant.",
-        f"Run {RUN}: critic/vf_explained_var is {NUMBER} after warm-up: the value function is worse "
+        name="VerlCriticWorseThanConstant", severity="warning",
+        expr="verl_critic_vf_explained_var < ${critic/vf_explained_var:negative} and ${WARMED_CRITIC}", for_="15m",
+        summary="The critic predicts returns worse than a constant.",
+        description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} after warm-up: the value function is worse "
         "than predicting the mean return.",
-        "Explained variance is like R^2: 1 is perfect, 0 is no better than a constant, below 0 is worse. "
+        meaning="Explained variance is like R^2: 1 is perfect, 0 is no better than a constant, below 0 is worse. "
         "Early in training -1 to 0.2 is normal; past warm-up it must be positive.",
-        "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2); check the reward "
+        fix="Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2); check the reward "
         "scale.",
-        "2.4",
+        guide="2.4",
     ),
     Alert(
-        "VerlCriticLearningSlowly", "info",
-        f"{held_below('verl_critic_vf_explained_var', '${critic/vf_explained_var:learning}')}"
-        f" and {WARMED_CRITIC_HELD}", HELD_FOR,
-        "The critic explains less than 30% of the returns' variance.",
-        f"Run {RUN}: critic/vf_explained_var has stayed below ${{critic/vf_explained_var:learning}} for an "
-        f"hour (at most {NUMBER}).",
-        "During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
+        name="VerlCriticLearningSlowly", severity="info",
+        expr=held_below("verl_critic_vf_explained_var", "${critic/vf_explained_var:learning}") +
+        " and ${WARMED_CRITIC_HELD}", for_=HELD_FOR,
+        summary="The critic explains less than 30% of the returns' variance.",
+        description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} for an "
+        "hour (at most ${NUMBER}).",
+        meaning="During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
         "0.3 for long the critic is not learning enough (guide 11.2, step 3).",
-        "Raise `critic.optim.lr` (e.g. x5, 1e-5 -> 5e-5).",
-        "2.4",
+        fix="Raise `critic.optim.lr` (e.g. x5, 1e-5 -> 5e-5).",
+        guide="2.4",
         held=HELD,
     ),
     Alert(
-        "VerlCriticLossNotDecreasing", "info",
-        "avg_over_time(verl_critic_vf_loss[1h]) > (1 - ${critic/vf_loss:min_drop_ratio})"
+        name="VerlCriticLossNotDecreasing", severity="info",
+        expr="avg_over_time(verl_critic_vf_loss[1h]) > (1 - ${critic/vf_loss:min_drop_ratio})"
         " * avg_over_time(verl_critic_vf_loss[1h] offset 1h)"
-        f" and verl_critic_vf_loss > ${{critic/vf_loss:converged}} and {WARMED_CRITIC}", "30m",
-        "The critic's loss has stopped decreasing while still high.",
-        f"Run {RUN}: critic/vf_loss averaged {NUMBER} over the last hour, not lower than the hour "
+        " and verl_critic_vf_loss > ${critic/vf_loss:converged} and ${WARMED_CRITIC}", for_="30m",
+        summary="The critic's loss has stopped decreasing while still high.",
+        description="Run ${RUN}: critic/vf_loss averaged ${NUMBER} over the last hour, not lower than the hour "
         "before, and is above ${critic/vf_loss:converged}.",
-        "`critic/vf_loss` should fall from 10-100 to 0.1-10 and below 1 when converged. A loss that stays "
+        meaning="`critic/vf_loss` should fall from 10-100 to 0.1-10 and below 1 when converged. A loss that stays "
         "high and flat means the value network does not fit the returns.",
-        "Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable.",
-        "2.1",
+        fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable.",
+        guide="2.1",
     ),
     Alert(
-        "VerlCriticValueClipping", "warning",
-        "verl_critic_vf_clipfrac > ${critic/vf_clipfrac:too_high}", "10m",
-        "More than half of the value predictions are clipped.",
-        f"Run {RUN}: critic/vf_clipfrac is {PERCENT}, above ${{critic/vf_clipfrac:too_high}}: the value "
+        name="VerlCriticValueClipping", severity="warning",
+        expr="verl_critic_vf_clipfrac > ${critic/vf_clipfrac:too_high}", for_="10m",
+        summary="More than half of the value predictions are clipped.",
+        description="Run ${RUN}: critic/vf_clipfrac is ${PERCENT}, above ${critic/vf_clipfrac:too_high}: the value "
         "function's updates are held back.",
-        "`critic/vf_clipfrac` is the share of value predictions clipped to the value clip range; 0-0.5 is "
+        meaning="`critic/vf_clipfrac` is the share of value predictions clipped to the value clip range; 0-0.5 is "
         "normal, usually below 0.2. Above 0.5 the critic cannot follow the returns.",
-        "Widen `critic.cliprange_value` or lower `critic.optim.lr`; check the reward scale.",
-        "2.2",
+        fix="Widen `critic.cliprange_value` or lower `critic.optim.lr`; check the reward scale.",
+        guide="2.2",
     ),
     Alert(
-        "VerlCriticValueOffTarget", "warning",
-        "abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
-        f" and {WARMED_CRITIC}", "30m",
-        "The critic's predicted values are far from the returns.",
-        f"Run {RUN}: critic/vpred_mean is {NUMBER} away from critic/returns/mean (more than "
+        name="VerlCriticValueOffTarget", severity="warning",
+        expr="abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        " and ${WARMED_CRITIC}", for_="30m",
+        summary="The critic's predicted values are far from the returns.",
+        description="Run ${RUN}: critic/vpred_mean is ${NUMBER} away from critic/returns/mean (more than "
         "${critic/vpred_mean:max_gap_to_returns}).",
-        "The mean predicted value should approach the mean return as the critic learns (e.g. 2.34 vs "
+        meaning="The mean predicted value should approach the mean return as the critic learns (e.g. 2.34 vs "
         "2.45). A lasting gap means the critic has not learned the value scale.",
-        "Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
-        "2.3",
+        fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
+        guide="2.3",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 
-REWARD = Group("verl-reward", "verl-training.rules.yml", "Rewards and advantages", (
+REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Rewards and advantages", alerts=(
     Alert(
-        "VerlAdvantageMeanOffCenter", "warning",
-        "abs(verl_critic_advantages_mean) > ${critic/advantages/mean:max_abs_mean}", "10m",
-        "The mean advantage is far from 0.",
-        f"Run {RUN}: critic/advantages/mean is off 0 by {NUMBER} (more than "
+        name="VerlAdvantageMeanOffCenter", severity="warning",
+        expr="abs(verl_critic_advantages_mean) > ${critic/advantages/mean:max_abs_mean}", for_="10m",
+        summary="The mean advantage is far from 0.",
+        description="Run ${RUN}: critic/advantages/mean is off 0 by ${NUMBER} (more than "
         "${critic/advantages/mean:max_abs_mean}).",
-        "After normalisation advantages have mean about 0 and standard deviation 1. A mean far from 0 "
+        meaning="After normalisation advantages have mean about 0 and standard deviation 1. A mean far from 0 "
         "points at the reward scale, a broken normalisation or a critic that does not learn.",
-        "Check the reward scale and advantage normalisation (`algorithm.norm_adv_by_std_in_grpo`, "
+        fix="Check the reward scale and advantage normalisation (`algorithm.norm_adv_by_std_in_grpo`, "
         "GAE settings) and the critic (`critic/vf_explained_var`).",
-        "3.3",
+        guide="3.3",
     ),
     Alert(
-        "VerlAdvantageRangeExploding", "warning",
-        "abs(verl_critic_advantages_max) > ${critic/advantages/max:max_abs}"
-        " or abs(verl_critic_advantages_min) > ${critic/advantages/min:max_abs}", "10m",
-        "Advantages have an exploding range.",
-        f"Run {RUN}: an advantage of magnitude {NUMBER} (limit ${{critic/advantages/max:max_abs}}): the "
+        name="VerlAdvantageRangeExploding", severity="warning",
+        expr="abs(verl_critic_advantages_max) > ${critic/advantages/max:max_abs}"
+        " or abs(verl_critic_advantages_min) > ${critic/advantages/min:max_abs}", for_="10m",
+        summary="Advantages have an exploding range.",
+        description="Run ${RUN}: an advantage of magnitude ${NUMBER} (limit ${critic/advantages/max:max_abs}): the "
         "advantage range is exploding.",
-        "Normalised advantages stay within a few units (e.g. -2.3 to 2.4); values like 50 or -45 mean "
+        meaning="Normalised advantages stay within a few units (e.g. -2.3 to 2.4); values like 50 or -45 mean "
         "the rewards or the critic are out of scale.",
-        "Check the reward scale (clip or normalise rewards), advantage normalisation and the critic.",
-        "3.3",
+        fix="Check the reward scale (clip or normalise rewards), advantage normalisation and the critic.",
+        guide="3.3",
     ),
     Alert(
-        "VerlNoLearningSignal", "warning",
-        "max_over_time(verl_critic_advantages_max[30m]) < ${critic/advantages/max:no_signal}"
+        name="VerlNoLearningSignal", severity="warning",
+        expr="max_over_time(verl_critic_advantages_max[30m]) < ${critic/advantages/max:no_signal}"
         " and min_over_time(verl_critic_advantages_min[30m]) > -${critic/advantages/min:no_signal}"
-        f" and {RUN_MATCH} changes(verl_training_last_step[30m]) >= ${{critic/advantages/max:no_signal_steps}}",
-        "10m",
-        "Every advantage is 0: the run has no learning signal.",
-        f"Run {RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes (at most {NUMBER}): "
+        " and ${RUN_MATCH} changes(verl_training_last_step[30m]) >= ${critic/advantages/max:no_signal_steps}",
+        for_="10m",
+        summary="Every advantage is 0: the run has no learning signal.",
+        description="Run ${RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes (at most ${NUMBER}): "
         "no sample is better or worse than its group, so the policy gets no gradient.",
-        "With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
+        meaning="With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
         "same as the others gets advantage 0. When all advantages are 0 step after step, every group is "
         "uniform: usually every response scores 0 (a reward function that never matches the answer "
         "format, responses cut at `data.max_response_length`), sometimes all score the maximum (data too "
         "easy). `pg_loss` and `grad_norm` sit at about 0 and the run learns nothing.",
-        "Look at `critic/score/mean` and a few responses: check the reward function against the answer "
+        fix="Look at `critic/score/mean` and a few responses: check the reward function against the answer "
         "format and the data source, `response_length/clip_ratio` (raise `data.max_response_length`), and "
         "the prompt template; if every response is right, use harder data.",
-        "3.3",
+        guide="3.3",
     ),
     Alert(
-        "VerlScoreNotImproving", "info",
-        f"{SCORE_GAIN} < ${{critic/score/mean:min_gain}} unless {NEAR_BEST}", "1h",
-        "The mean score has not improved for an hour.",
-        f"Run {RUN}: critic/score/mean changed by {NUMBER} hour over hour (less than "
+        name="VerlScoreNotImproving", severity="info",
+        expr="${SCORE_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="1h",
+        summary="The mean score has not improved for an hour.",
+        description="Run ${RUN}: critic/score/mean changed by ${NUMBER} hour over hour (less than "
         "${critic/score/mean:min_gain}).",
-        "`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
+        meaning="`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
         "training. A flat score far from the run's best means it stopped learning; one within a tenth of "
         "the score's range of its best step of 6 hours, in the upper half of that range, has converged, and is "
         "left out.",
-        "If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
+        fix="If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
-        "3.1",
+        guide="3.1",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 
-LENGTHS = Group("verl-lengths", "verl-training.rules.yml", "Sequence lengths", (
+LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequence lengths", alerts=(
     Alert(
-        "VerlResponsesTruncated", "warning",
-        "verl_response_length_clip_ratio > ${response_length/clip_ratio:too_high}", "10m",
-        "More than half of the responses hit max_response_length.",
-        f"Run {RUN}: {PERCENT} of responses are truncated at max_response_length {MAX_RESPONSE} (limit "
+        name="VerlResponsesTruncated", severity="warning",
+        expr="verl_response_length_clip_ratio > ${response_length/clip_ratio:too_high}", for_="10m",
+        summary="More than half of the responses hit max_response_length.",
+        description="Run ${RUN}: ${PERCENT} of responses are truncated at max_response_length ${MAX_RESPONSE} (limit "
         "${response_length/clip_ratio:too_high}).",
-        "`response_length/clip_ratio` is the share of responses cut at the maximum length. Below 0.1 is "
+        meaning="`response_length/clip_ratio` is the share of responses cut at the maximum length. Below 0.1 is "
         "ideal, 0.1-0.3 acceptable; above 0.5 most answers are cut off and their rewards are wrong.",
-        "Raise `data.max_response_length` (e.g. double it, 256 -> 512).",
-        "4.2",
+        fix="Raise `data.max_response_length` (e.g. double it, 256 -> 512).",
+        guide="4.2",
     ),
     Alert(
-        "VerlResponsesOftenTruncated", "info",
-        "verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", "1h",
-        "More than 10% of the responses hit max_response_length.",
-        f"Run {RUN}: {PERCENT} of responses have been truncated at max_response_length {MAX_RESPONSE} for an "
+        name="VerlResponsesOftenTruncated", severity="info",
+        expr="verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", for_="1h",
+        summary="More than 10% of the responses hit max_response_length.",
+        description="Run ${RUN}: ${PERCENT} of responses have been truncated at max_response_length ${MAX_RESPONSE} for an "
         "hour (ideal below ${response_length/clip_ratio:elevated}).",
-        "Most responses should end on their own; above 10% truncation for long, answers are being cut.",
-        "Consider a larger `data.max_response_length`.",
-        "4.2",
+        meaning="Most responses should end on their own; above 10% truncation for long, answers are being cut.",
+        fix="Consider a larger `data.max_response_length`.",
+        guide="4.2",
     ),
     Alert(
-        "VerlPromptsTruncated", "warning",
-        "verl_prompt_length_clip_ratio > ${prompt_length/clip_ratio:too_high}", "30m",
-        "More than 10% of the prompts hit max_prompt_length.",
-        f"Run {RUN}: {PERCENT} of prompts are truncated at max_prompt_length {MAX_PROMPT} (limit "
+        name="VerlPromptsTruncated", severity="warning",
+        expr="verl_prompt_length_clip_ratio > ${prompt_length/clip_ratio:too_high}", for_="30m",
+        summary="More than 10% of the prompts hit max_prompt_length.",
+        description="Run ${RUN}: ${PERCENT} of prompts are truncated at max_prompt_length ${MAX_PROMPT} (limit "
         "${prompt_length/clip_ratio:too_high}).",
-        "`prompt_length/clip_ratio` is the share of prompts cut at the maximum prompt length; below 0.05 "
+        meaning="`prompt_length/clip_ratio` is the share of prompts cut at the maximum prompt length; below 0.05 "
         "the data is prepared well, above 0.1 prompts lose content.",
-        "Raise `data.max_prompt_length`, or filter over-long prompts (`data.filter_overlong_prompts`).",
-        "4.4",
+        fix="Raise `data.max_prompt_length`, or filter over-long prompts (`data.filter_overlong_prompts`).",
+        guide="4.4",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 
-DIAGNOSES = Group("verl-diagnoses", "verl-training.rules.yml", "The guide's diagnoses", (
+DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="The guide's diagnoses", alerts=(
     Alert(
-        "VerlLearningRateTooHigh", "warning",
-        "verl_actor_pg_clipfrac > ${actor/pg_clipfrac:lr_too_high}"
-        f" and verl_actor_ppo_kl > ${{actor/ppo_kl:too_large}} and {GRAD_PINNED}", "10m",
-        "The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
-        f"Run {RUN}: actor/pg_clipfrac is {PERCENT} with actor/ppo_kl above ${{actor/ppo_kl:too_large}} and "
+        name="VerlLearningRateTooHigh", severity="warning",
+        expr="verl_actor_pg_clipfrac > ${actor/pg_clipfrac:lr_too_high}"
+        " and verl_actor_ppo_kl > ${actor/ppo_kl:too_large} and ${GRAD_PINNED}", for_="10m",
+        summary="The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
+        description="Run ${RUN}: actor/pg_clipfrac is ${PERCENT} with actor/ppo_kl above ${actor/ppo_kl:too_large} and "
         "actor/grad_norm pinned at the run's grad_clip: the learning rate is too high.",
-        "The guide's worked example 2: `actor/pg_clipfrac` 0.85, `actor/ppo_kl` 0.125 and `actor/grad_norm` "
+        meaning="The guide's worked example 2: `actor/pg_clipfrac` 0.85, `actor/ppo_kl` 0.125 and `actor/grad_norm` "
         "at the clip value 1.0 while the score does not rise. Each update overshoots, PPO clips most "
         "samples and every gradient is clipped.",
-        f"{HALVE_LR}.",
-        "11.4",
+        fix="${HALVE_LR}.",
+        guide="11.4",
     ),
     Alert(
-        "VerlPrematureConvergence", "warning",
-        "verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
-        f" and {SCORE_GAIN} < ${{critic/score/mean:min_gain}} and {SCORE_LOW}", "30m",
-        "The policy converged prematurely: entropy near 0, KL near 0, score flat and low.",
-        f"Run {RUN}: actor/entropy is {NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean in the "
+        name="VerlPrematureConvergence", severity="warning",
+        expr="verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
+        " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} and ${SCORE_LOW}", for_="30m",
+        summary="The policy converged prematurely: entropy near 0, KL near 0, score flat and low.",
+        description="Run ${RUN}: actor/entropy is ${NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean in the "
         "lower half of its range: the policy has converged prematurely.",
-        "The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
+        meaning="The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
         "about 0. The policy is stuck in a local optimum because it stopped exploring. \"Premature\" is "
         "told from a finished convergence by the score: it is in the lower half of the range the batches' "
         "scores spanned over 6 hours (`critic/score/min` to `/max`). Healthy math runs converge with "
         "entropy 0.02-0.05 and a KL that prints as 0, but near the top of that range.",
-        "Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or "
+        fix="Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2), then restart from an earlier checkpoint.",
-        "11.2",
+        guide="11.2",
     ),
     Alert(
-        "VerlCriticNotLearning", "warning",
-        "verl_critic_vf_explained_var < ${critic/vf_explained_var:negative}"
+        name="VerlCriticNotLearning", severity="warning",
+        expr="verl_critic_vf_explained_var < ${critic/vf_explained_var:negative}"
         " and verl_critic_vf_loss > ${critic/vf_loss:high}"
         " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
-        f" and {WARMED_CRITIC}", "10m",
-        "The critic is not learning: negative explained variance, high loss, values far from returns.",
-        f"Run {RUN}: critic/vf_explained_var is {NUMBER} with critic/vf_loss above ${{critic/vf_loss:high}} "
+        " and ${WARMED_CRITIC}", for_="10m",
+        summary="The critic is not learning: negative explained variance, high loss, values far from returns.",
+        description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} with critic/vf_loss above ${critic/vf_loss:high} "
         "and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",
-        "The guide's worked example 3: after 50 steps `vf_explained_var` -0.234, `vf_loss` 45.23 and "
+        meaning="The guide's worked example 3: after 50 steps `vf_explained_var` -0.234, `vf_loss` 45.23 and "
         "`vpred_mean` 0.123 against `returns/mean` 5.678. The advantages built on such a critic are noise.",
-        "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
-        "11.4",
+        fix="Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
+        guide="11.4",
     ),
 ), training=True, interval=PER_STEP_INTERVAL)
 
