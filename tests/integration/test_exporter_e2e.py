@@ -99,7 +99,8 @@ def run_cli(*args, timeout=30):
 
 @pytest.mark.parametrize("args, message", [
     (["--no-such-flag"], "unrecognized arguments"),
-    (["--job.pid", "abc"], "invalid int value"),
+    (["--job.pid", "abc"], "--job.pid must be a whole number"),
+    (["--gpu.timeout", "x"], "--gpu.timeout must be a duration"),
     (["--gpu.fake", "healthy:many", "--web.listen-address", "127.0.0.1:0"], "bad fake GPU spec"),
     (["--web.listen-address", "nonsense"], "invalid listen address"),
     (["--config.file", "/nonexistent/exporter.yml"], "cannot read options file"),
