@@ -48,7 +48,7 @@ class _One:
 
 def family_text(metric: Metric) -> bytes:
     """One family in the text format, as client_python writes it."""
-    return generate_latest(_One(metric))  # type: ignore[arg-type]
+    return generate_latest(_One(metric))
 
 
 def split_header(text: bytes) -> tuple[bytes, bytes]:
@@ -179,5 +179,5 @@ class Exposition:
         if encoder is generate_latest and not names:
             return self.text(compressed), content_type
         source = NameFilter(self.registry, names) if names else self.registry
-        body = encoder(source)  # type: ignore[arg-type]
+        body = encoder(source)
         return (gzip.compress(body, compresslevel=1) if compressed else body), content_type

@@ -59,7 +59,7 @@ class JobSelector:
             if root is not None:
                 roots.append(root)
         if self.pattern is not None:
-            roots.extend(self._matching())
+            roots.extend(self._matching(self.pattern))
         own = os.getpid()  # never count the exporter, even when it runs as a child of the job
         found: dict[int, Any] = {}
         for root in roots:
@@ -81,11 +81,11 @@ class JobSelector:
                 return None
         return self._root
 
-    def _matching(self) -> list:
+    def _matching(self, pattern: re.Pattern[str]) -> list:
         matches = []
         for proc in self._psutil.process_iter(["cmdline"]):
             cmdline = proc.info.get("cmdline") or []
-            if self.pattern.search(" ".join(cmdline)):
+            if pattern.search(" ".join(cmdline)):
                 matches.append(proc)
         return matches
 

@@ -66,7 +66,7 @@ class EvidenceArchive:
         path = None
         if self.directory is not None:
             try:
-                path = str(self._write(run, text, moment))
+                path = str(self._write(self.directory, run, text, moment))
             except OSError as exc:
                 log.warning("cannot write evidence to %s: %s (kept in memory)", self.directory, exc.strerror or exc)
         with self._lock:
@@ -98,11 +98,11 @@ class EvidenceArchive:
             return []
         return [self.directory / name for name in sorted(names)]
 
-    def _write(self, run: RunKey, text: str, moment: float) -> Path:
-        path = self.directory / file_name(run, moment)
+    def _write(self, directory: Path, run: RunKey, text: str, moment: float) -> Path:
+        path = directory / file_name(run, moment)
         while path.exists():  # two captures in one microsecond
             moment += 1e-6
-            path = self.directory / file_name(run, moment)
+            path = directory / file_name(run, moment)
         temporary = path.with_name("." + path.name + ".tmp")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

@@ -71,7 +71,8 @@ def dump_job(processes: list, *, py_spy: str | None, timeout: float = TIMEOUT_SE
 
     with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="verl-py-spy") as pool:
         results = list(pool.map(one, chosen))
-    out, failed = [f"{len(chosen)} of the job's {len(processes)} processes, with {py_spy}\n"], {}
+    out = [f"{len(chosen)} of the job's {len(processes)} processes, with {py_spy}\n"]
+    failed: dict[str, list[str]] = {}  # outcome -> pids
     for process, (outcome, text) in zip(chosen, results):
         if outcome == "ok":
             out.append(f"--- {describe(process)}\n{text.rstrip()}\n")

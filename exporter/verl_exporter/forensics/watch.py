@@ -149,8 +149,8 @@ class StallWatch:
             seconds = logged_seconds(state.values, STEP_DURATION_KEYS, positive=True)
             if seconds is not None:
                 view.step_seconds.append(seconds)
-        saving = state.checkpoint is not None and state.checkpoint.saving
-        view.saving_since = state.checkpoint.started if saving else None
+        checkpoint = state.checkpoint
+        view.saving_since = checkpoint.started if checkpoint is not None and checkpoint.saving else None
 
     def _stalled(self, run: RunKey, view: _View, now: float) -> tuple[str, str] | None:
         if view.last_step_time is not None:
