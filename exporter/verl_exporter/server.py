@@ -7,7 +7,6 @@ import binascii
 import functools
 import logging
 import socket
-import ssl
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,7 +38,7 @@ def accepts_gzip(accept_encoding: str) -> bool:
     ``gzip;q=0`` refuses gzip, ``*`` stands for every coding not named, identity is acceptable
     unless refused, and gzip wins ties.
     """
-    weights = {}
+    weights: dict[str, float] = {}  # coding -> q-value
     for part in accept_encoding.split(","):
         coding, *params = (item.strip() for item in part.split(";"))
         quality = 1.0

@@ -19,8 +19,20 @@ from typing import Iterator
 import yaml
 
 from .scenarios import (  # noqa: F401  (re-exported: the simulated run's public names)
-    ALGORITHMS, N_GPUS, SAMPLES, SCENARIOS, STEPS_PER_EPOCH, VAL_KEYS, algorithm_of, check, generate_steps,
-    is_validation, run_config, scale_timings, step_values, validation_values,
+    ALGORITHMS,
+    N_GPUS,
+    SAMPLES,
+    SCENARIOS,
+    STEPS_PER_EPOCH,
+    VAL_KEYS,
+    algorithm_of,
+    check,
+    generate_steps,
+    is_validation,
+    run_config,
+    scale_timings,
+    step_values,
+    validation_values,
 )
 
 FORMATS = ("jsonl", "console")
@@ -111,7 +123,8 @@ def _render(fmt: str, step: int, values: dict[str, float], style: str, noise: li
 
 
 def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int, noise: bool,
-            step_seconds: float | None, config: dict | None = None, **run: object) -> Iterator[tuple[bool, str]]:
+            step_seconds: float | None, config: dict | None = None, algorithm: str = "ppo", stall_after: int = 20,
+            nan_after: int = 15, val_every: int = 10) -> Iterator[tuple[bool, str]]:
     """(is a training step, text to append) for each step of a run, then, once ``steps`` steps are
     out, what verl writes at the end: validation at the last step and, on the console, its end line
     (both only where validation is configured, ``val_every`` > 0). On the console ``config`` is
@@ -121,7 +134,8 @@ def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int
     written, last_val = 0, None
     if config is not None and fmt == "console":
         yield False, format_config(config) + f"{PREFIX}Total training steps: {total_steps(config)}\n"
-    for step, values in generate_steps(scenario, seed=seed, **run):
+    for step, values in generate_steps(scenario, seed=seed, algorithm=algorithm, stall_after=stall_after,
+                                       nan_after=nan_after, val_every=val_every):
         if steps is not None and step > steps:
             break
         training, extra = not is_validation(values), []
@@ -136,7 +150,7 @@ def _chunks(scenario: str, fmt: str, style: str, *, steps: int | None, seed: int
         yield training, _render(fmt, step, values, style, extra)
     if steps is None or written < steps:
         return  # a stalled run: nothing more
-    if run.get("val_every", 10) <= 0:
+    if val_every <= 0:
         return  # no validation: verl prints no final validation line either
     text = ""
     if last_val is None or last_val[0] != steps:
