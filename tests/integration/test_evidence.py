@@ -90,7 +90,7 @@ def test_a_hung_job_its_stack_names_where_it_hangs(tmp_path, py_spy):
         wait_until(marker.exists, message="the job to start")
         with start_exporter(tmp_path, "--source", str(log), "--project", "gsm8k", "--experiment", "hung",
                             "--job.pid", str(job.pid), "--gpu.fake", "healthy:2", "--source.poll-interval", "0.1",
-                            "--forensics.stall-after", "1s", "--forensics.check-interval", "0.2s",
+                            "--forensics.stall-after", "1s", "--forensics.check-interval", "200ms",
                             "--forensics.dir", str(evidence_dir)) as exporter:
             path = "/debug/evidence?project=gsm8k&experiment=hung"
             text = wait_until(lambda: (r := exporter.get(path))[0] == 200 and r[1], message="evidence")
@@ -129,7 +129,7 @@ def test_a_job_that_runs_out_of_memory_and_exits(tmp_path):
     try:
         with start_exporter(tmp_path, "--source", str(log), "--project", "gsm8k", "--experiment", "oom",
                             "--job.pid", str(job.pid), "--no-collector.gpu", "--source.poll-interval", "0.1",
-                            "--forensics.check-interval", "0.2s", "--web.config.file", str(web_config),
+                            "--forensics.check-interval", "200ms", "--web.config.file", str(web_config),
                             headers=auth) as exporter:
             run = {"project": "gsm8k", "experiment": "oom"}
             wait_until(lambda: (t := exporter.get("/metrics")[1]) and sample_value(t, "verl_job_running") == 1
