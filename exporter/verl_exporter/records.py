@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 # Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
@@ -46,7 +46,7 @@ class Record:
 
     run: RunKey
     step: int
-    values: dict[str, float | str] = field(default_factory=dict)
+    values: Mapping[str, float | str] = field(default_factory=dict)
     time: float = 0.0
     finished: bool = False
     source: str = ""
@@ -66,7 +66,7 @@ class ParseError(ValueError):
     """A line that should be a record but cannot be read; the message says why, briefly."""
 
 
-def logged_seconds(values: dict, keys: tuple[str, ...], positive: bool = False) -> float | None:
+def logged_seconds(values: Mapping, keys: tuple[str, ...], positive: bool = False) -> float | None:
     """The first of ``keys`` in ``values`` that holds a finite number of seconds (0 or more; more than 0
     where ``positive``), as a float; None where none does."""
     for key in keys:

@@ -25,7 +25,9 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from . import run_settings
 from .catalog import Catalog, Resolved
@@ -51,7 +53,7 @@ class CheckpointState:
     def start(self, step: int, moment: float) -> None:
         self.step, self.started, self.saving = step, moment, True
 
-    def end(self, moment: float, values: dict) -> None:
+    def end(self, moment: float, values: Mapping) -> None:
         """The save ended with the run's next step (``values``, where verl says how long it took)."""
         seconds = logged_seconds(values, CHECKPOINT_SAVE_KEYS)
         self.saving, self.done_step = False, self.step
@@ -177,7 +179,7 @@ class RunStore:
         if type(next(iter(values.values()), 0.0)) is str:
             total = None  # values still as text (a source's choice for a whole record): checked when converted
         else:
-            total = sum(values.values())
+            total = sum(cast("Iterable[float]", values.values()))  # a record's values: all text or all numbers
         with self._lock:
             state = self._runs.get(record.run)
             if state is None:
@@ -196,7 +198,7 @@ class RunStore:
             if state.active_at is None or record.time > state.active_at:
                 state.active_at = record.time  # the run's settings (a config file written at its start) do not count
             if record.checkpoint_step is not None:
-                self._checkpoint_started(state, record)
+                self._checkpoint_started(state, record.checkpoint_step, record.time)
                 return
             if record.error is not None:
                 state.log_errors[record.error] += 1
@@ -211,7 +213,7 @@ class RunStore:
             if record.step != state.last_step:
                 state.last_step = record.step
                 state.steps_ingested += 1
-                if state.finished and record.step > state.finished_at:
+                if state.finished and state.finished_at is not None and record.step > state.finished_at:
                     state.finished = False  # resumed with more steps
                 state.reached_total()
             state.last_step_time = record.time
@@ -230,7 +232,7 @@ class RunStore:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
                 for key, value in values.items():
-                    if value - value != 0 and key in latest:
+                    if not isinstance(value, str) and value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
 
     def _new_run(self, record: Record) -> RunState | None:
@@ -290,11 +292,11 @@ class RunStore:
                 log.info("a place under the run cap is free again")
 
     @staticmethod
-    def _checkpoint_started(state: RunState, record: Record) -> None:
+    def _checkpoint_started(state: RunState, step: int, moment: float) -> None:
         if state.checkpoint is None:
-            state.checkpoint = CheckpointState(record.checkpoint_step, record.time)
+            state.checkpoint = CheckpointState(step, moment)
         else:
-            state.checkpoint.start(record.checkpoint_step, record.time)
+            state.checkpoint.start(step, moment)
 
     def _describe(self, state: RunState, record: Record) -> None:
         """Take a record about the run: its settings (config) and its length."""
@@ -307,7 +309,7 @@ class RunStore:
             state.total_steps, state.total_from_log = record.total_steps, True
         state.reached_total(exactly=False)
 
-    def _find_respellings(self, state: RunState, values: dict) -> None:
+    def _find_respellings(self, state: RunState, values: Mapping) -> None:
         """On new keys: the metrics the run now logs under two spellings (a run resumed on a newer
         release) are timed from here on, so that the spelling logged last is served."""
         spellings, latest = self.catalog.spellings, state.values
@@ -318,13 +320,13 @@ class RunStore:
                     if other in latest:
                         state.logged_at.setdefault(other, 0)
 
-    def _stamp(self, state: RunState, values: dict) -> None:
+    def _stamp(self, state: RunState, values: Mapping) -> None:
         hits = state.logged_at.keys() & values.keys()
         if hits:
             self._serial += 1
             state.logged_at.update(dict.fromkeys(hits, self._serial))
 
-    def _update_capped(self, state: RunState, values: dict) -> None:
+    def _update_capped(self, state: RunState, values: Mapping) -> None:
         """Keys the catalog lists are always kept; keys outside it and keys of its families each
         have ``max_series_per_run`` places, so junk keys never push out a catalog metric."""
         latest, listed, in_family = state.values, self._listed, self._in_family
@@ -455,10 +457,13 @@ class RunStore:
                 if owner is not None and logged_at[owner] == logged_at[key]:
                     alias = key if resolved.spec.key != key else owner
                     own = self.catalog.own(alias)
-                    series[(own.spec.name, ())] = (own, state.values[alias] * own.spec.scale)
+                    alias_value = state.values[alias]
+                    assert not isinstance(alias_value, str)  # converted: snapshot() and run() convert first
+                    series[(own.spec.name, ())] = (own, alias_value * own.spec.scale)
                     if alias == key:
                         continue
                 owners[series_key] = key
+            assert not isinstance(value, str)  # converted: snapshot() and run() convert first
             series[series_key] = (resolved, value * scale)
 
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:

@@ -14,17 +14,18 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Mapping, Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
-from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
 from verl_exporter.sources.console import (
     _ANSI,
     is_finished_line,
     parse_console_continuation,
     parse_console_line,
 )
+from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
+from verl_exporter.sources.ingestor import Ingestor
 from verl_exporter.sources.jsonl import parse_jsonl_line
 from verl_exporter.sources.run_config import (
     MAX_CONFIG_CHARS,
@@ -35,7 +36,6 @@ from verl_exporter.sources.run_config import (
     read_config_text,
     run_names,
 )
-from verl_exporter.sources.ingestor import Ingestor
 from verl_exporter.sources.tail import FileFollower, OpenFiles
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
@@ -231,7 +231,7 @@ class Source:
             self._grown[state.path] = state
             return None
         if state.fmt == "jsonl":
-            parsed = parse_jsonl_line(line, state.dropped)
+            parsed: tuple[int, Mapping[str, float | str]] | None = parse_jsonl_line(line, state.dropped)
             if parsed is None:
                 return None
             state.last_step = parsed[0]
@@ -274,7 +274,7 @@ class Source:
                           line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
 
-    def _config_print(self, state: _FileState, line: str, now: float) -> Record | None | bool:
+    def _config_print(self, state: _FileState, line: str, now: float) -> Record | None | Literal[False]:
         """A line of verl's config print: the run's settings once the print is complete, None while
         it goes on; False for a line that is not part of one."""
         if state.config_print is None:
@@ -331,7 +331,7 @@ class Source:
         names = run_names(flat)
         if names is None and not (self.project and self.experiment):
             raise ParseError("not a verl config: no trainer.project_name and trainer.experiment_name")
-        project, experiment = names or (self.project, self.experiment)
+        project, experiment = names or (self.project or "", self.experiment or "")  # both set when names is None
         state.run = RunKey(self.project or project, self.experiment or experiment)
         return Record(state.run, 0, {}, now, source=state.path, run_config=flat)
 

@@ -25,7 +25,7 @@ _BOOLS = {"True": 1.0, "False": 0.0, "np.True_": 1.0, "np.False_": 0.0}
 
 
 def parse_console_line(line: str, *, lazy: bool = False,
-                       dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
+                       dropped: DropCounter | None = None) -> tuple[int, dict[str, float] | dict[str, str]] | None:
     """``(step, {key: value})`` for a verl step line; None for any other line.
 
     Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
@@ -103,11 +103,12 @@ def _pairs(text: str, skip: int = 0, skipped: list[str] | None = None) -> dict[s
         try:
             value = float(raw)
         except ValueError:
-            value = _special_value(raw.strip())
-            if value is None:
+            special = _special_value(raw.strip())
+            if special is None:
                 if skipped is not None and key.strip():
                     skipped.append(key)
                 continue
+            value = special
         key = key.strip()
         if key:
             values[key] = value

@@ -19,7 +19,7 @@ _FLOAT = {float}
 _FLOAT_OR_INT = {float, int}
 # Why a value is left out, by its JSON type: the ``dropped`` reasons of parse_jsonl_line (served as
 # verl_exporter_values_dropped_total's ``reason``).
-DROP_REASONS = {str: "not_a_number", dict: "object", list: "list"}  # null is NaN (orjson)
+DROP_REASONS: dict[type, str] = {str: "not_a_number", dict: "object", list: "list"}  # null is NaN (orjson)
 
 
 def _loads(line: str):

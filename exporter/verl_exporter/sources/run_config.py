@@ -204,12 +204,16 @@ def _scan(text: str, quote: str, opened: list[str]) -> tuple[int, str, bool]:
     i, end, carried = 0, len(text), bool(quote)
     while i < end:
         if quote:
-            i = _STRING_REST[quote].match(text, i).end()
+            rest = _STRING_REST[quote].match(text, i)
+            assert rest is not None  # the pattern matches the empty string
+            i = rest.end()
             if i == end or text[i] == "\\":  # cut inside the string, perhaps after a backslash
                 return (0, quote, False) if carried else (end, quote, True)
             quote, i, carried = "", i + 1, False
             continue
-        j = _PLAIN.match(text, i).end()
+        plain = _PLAIN.match(text, i)
+        assert plain is not None  # the pattern matches the empty string
+        j = plain.end()
         for bracket in _BRACKET.finditer(text, i, j):
             if bracket.group() in _CLOSER:
                 if len(opened) == MAX_DEPTH:
@@ -241,7 +245,9 @@ def _tail(piece: str, quote: str) -> str:
     last characters of a name or number."""
     if quote:
         return "\\" if (len(piece) - len(piece.rstrip("\\"))) % 2 else ""
-    return _TAIL.search(piece, max(0, len(piece) - 6)).group(0)
+    tail = _TAIL.search(piece, max(0, len(piece) - 6))
+    assert tail is not None  # the pattern matches the empty string at the end
+    return tail.group(0)
 
 
 class _SpecialFloats(ast.NodeTransformer):

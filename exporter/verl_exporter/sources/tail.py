@@ -223,6 +223,7 @@ class FileFollower:
                 return None
 
         if st.st_size < handle.offset:  # truncated: start over
+            assert handle.fd is not None  # open: _open and _wake open it, add() closes only older handles
             os.lseek(handle.fd, 0, os.SEEK_SET)
             handle.offset, handle.pending, handle.discarding = 0, b"", False
         got = 0
@@ -291,9 +292,10 @@ class FileFollower:
 
     def _read(self, handle: _Handle, out: list[tuple[str, str]], limit: int) -> int:
         """Read up to ``limit`` bytes, appending complete lines to ``out``; return bytes read."""
-        total = 0
+        total, fd = 0, handle.fd
+        assert fd is not None  # callers read open handles only
         while total < limit:
-            data = os.read(handle.fd, min(self.read_chunk, limit - total))
+            data = os.read(fd, min(self.read_chunk, limit - total))
             if not data:
                 break
             total += len(data)
