@@ -153,7 +153,7 @@ def _parse(data: Any, base: Path, path: str) -> WebConfig:
                      path=path)
 
 
-def _mapping(value: Any, where: str, allowed: set | None, unsupported: set = frozenset()) -> dict:
+def _mapping(value: Any, where: str, allowed: set | None, unsupported: set | frozenset = frozenset()) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
