@@ -8,18 +8,24 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from . import web_config
 from .catalog import default_catalog
-from .collectors import CollectorRunner
+from .collectors import Collector, CollectorRunner
 from .collectors.evidence import EvidenceCollector
 from .collectors.exporter import ExporterCollector
 from .exposition import Exposition
 from .options import Options, OptionsError, load_options, log_level
-from .server import parse_listen_address, serve
+from .server import ExporterHTTPServer, parse_listen_address, serve
 from .store import RunStore
+
+if TYPE_CHECKING:
+    from .fake_nvml import FakeNvmlBackend
+    from .job import JobSelector
+    from .nvml import NvmlBackend
 
 log = logging.getLogger("verl_exporter")
 
@@ -163,8 +169,8 @@ class Exporter:
         self.simulated = patterns[len(options.source):]
         self.sources = {self.source_key(pattern, options): self._source(pattern, options) for pattern in patterns}
         self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
-        self.gpu_backend = None
-        self.job = None
+        self.gpu_backend: NvmlBackend | FakeNvmlBackend | None = None
+        self.job: JobSelector | None = None
         collectors = self._collectors()
         self.forensics = self._forensics(collectors["node"]) if options.forensics else None
         scratch = CollectorRegistry()  # client_python's collectors register themselves somewhere
@@ -174,7 +180,7 @@ class Exporter:
             served.append(EvidenceCollector(self.forensics))
         self.exposition = Exposition(served)
         self.registry = self.exposition.registry
-        self.server = None
+        self.server: ExporterHTTPServer | None = None
 
     @staticmethod
     def source_key(pattern: str, options: Options) -> tuple:
@@ -190,7 +196,7 @@ class Exporter:
 
     def _collectors(self) -> dict:
         options = self.options
-        collectors = {}
+        collectors: dict[str, Collector] = {}
         job = None
         if options.job_pid is not None or options.job_match:
             from .job import JobSelector
@@ -273,8 +279,8 @@ class Exporter:
         """Listen first, then read the sources' backlogs in the background (/-/ready says when done)."""
         if not self.ingestor.sources and self.options.collector_training:
             log.warning("no --source given: serving GPU and host metrics only")
-        self.server, _ = serve(address, self.exposition, self.options.web_telemetry_path, ready=self.ready, web=self.web,
-                               evidence=self.forensics.evidence if self.forensics is not None else None)
+        self.server, _ = serve(address, self.exposition, self.options.web_telemetry_path, ready=self.ready,
+                               web=self.web, evidence=self.forensics.evidence if self.forensics is not None else None)
         host, port = self.server.server_address[:2]
         log.info("listening on %s:%s%s (%s)", host, port, self.options.web_telemetry_path, self.web.describe())
         if self.ingestor.sources:

@@ -127,7 +127,7 @@ class Choice(Kind):
 
     def parse(self, value: Any) -> str:
         word = value.lower() if isinstance(value, str) else None
-        word = self.aliases.get(word, word)
+        word = self.aliases.get(word, word) if word is not None else None
         if word not in self.choices:
             raise ValueError(f"must be one of {', '.join(self.choices)}, not {_shown(value)}")
         return word
@@ -264,7 +264,8 @@ class Options:
         "gpu.pcie-throughput", SWITCH, False, "also sample PCIe throughput (NVML takes ~20 ms per GPU and "
         "direction for it)")
     gpu_fake: str | None = _option(
-        "gpu.fake", Text("SCENARIO[:COUNT]"), None, "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)")
+        "gpu.fake", Text("SCENARIO[:COUNT]"), None,
+        "serve fake GPUs instead of NVML, SCENARIO[:COUNT] (demo and tests)")
     store_max_series_per_run: int = _option(
         "store.max-series-per-run", COUNT, 2000, "cap on exported series per run")
     store_max_runs: int = _option("store.max-runs", COUNT, 1000, "cap on runs followed")

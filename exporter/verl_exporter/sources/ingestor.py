@@ -9,9 +9,12 @@ from typing import Protocol
 
 
 class Source(Protocol):
-    """What the ingestor needs of a source (``sources.Source``)."""
+    """What the ingestor needs of a source (``sources.Source``), and its readers (``caught_up``)."""
 
     def poll(self) -> int: ...
+
+    @property
+    def caught_up(self) -> bool: ...
 
 
 log = logging.getLogger("verl_exporter.sources")
