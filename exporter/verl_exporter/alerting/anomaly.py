@@ -158,8 +158,8 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
         name="VerlActorPgLossSpike", severity="warning",
         expr=sub("abs(${zscore}) > ${anomaly:spike_zscore}", zscore=zscore("verl_actor_pg_loss")), for_="0s",
         summary="The policy loss stays far from the run's own normal.",
-        description="Run ${RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of ${NUMBER} against its "
-        "trailing hour.",
+        description="Run ${RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of ${NUMBER} "
+        "against its trailing hour.",
         meaning="`actor/pg_loss` sits near 0 and moves slowly; ten minutes more than ${anomaly:spike_zscore} trailing "
         "standard deviations away (either sign, the deviation at least 0.05: healthy runs move it by up to "
         "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",

@@ -26,7 +26,8 @@ from . import kubernetes, render
 def outputs(catalog: Catalog | None = None, runbook_url: str = render.DEFAULT_RUNBOOK_URL) -> dict[Path, str]:
     """Every generated file (path relative to the checkout's root) and its content."""
     catalog = catalog or default_catalog()
-    files = {render.RULES_DIR / name: text for name, text in render.rule_files(catalog, runbook_url=runbook_url).items()}
+    files = {render.RULES_DIR / name: text
+             for name, text in render.rule_files(catalog, runbook_url=runbook_url).items()}
     files[render.RULES_DIR / render.RECORDING_RULES_FILE] = render.recording_rules(catalog)
     files[render.RUNBOOK_FILE] = render.runbook(catalog)
     files[Path("docs/alerts.md")] = render.table(catalog)

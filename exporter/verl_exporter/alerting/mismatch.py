@@ -53,7 +53,8 @@ def corr(name: str) -> str:
     return sub('{__name__=~"${CORR}${name}"}', name=name)
 
 
-MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Training-inference mismatch and off-policy data", alerts=(
+MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
+                 title="Training-inference mismatch and off-policy data", alerts=(
     Alert(
         name="VerlRolloutProbsDiffHigh", severity="warning",
         expr="verl_training_rollout_probs_diff_mean > ${mismatch:probs_diff_mean}", for_="15m",
@@ -61,7 +62,8 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Tr
         description="Run ${RUN}: training/rollout_probs_diff_mean is ${NUMBER}, above ${mismatch:probs_diff_mean}.",
         meaning="`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
         "rollout engine gave each sampled token and the one the trainer recomputes. "
-        "${PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ (precision, kernels, a missing scaling, "
+        "${PRECISION_LINK} says to keep it within 0.01: consistently above, the engines differ "
+        "(precision, kernels, a missing scaling, "
         "different hyperparameters such as an `eps`) and the policy gradient is biased; this mismatch is a "
         "known cause of RL collapse.",
         fix="Compare rollout and trainer precision and versions (dtype, vLLM/SGLang kernels, MoE routing: use "
@@ -82,7 +84,8 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Tr
         name="VerlRolloutActorProbsUncorrelated", severity="warning",
         expr="verl_training_rollout_actor_probs_pearson_corr < ${mismatch:pearson_min}", for_="15m",
         summary="Rollout and trainer log-probabilities are poorly correlated.",
-        description="Run ${RUN}: training/rollout_actor_probs_pearson_corr is ${NUMBER}, below ${mismatch:pearson_min}.",
+        description="Run ${RUN}: training/rollout_actor_probs_pearson_corr is ${NUMBER}, "
+        "below ${mismatch:pearson_min}.",
         meaning="The Pearson correlation between the rollout engine's and the trainer's log-probabilities of the "
         "sampled tokens is about 0.999 in healthy runs. Well below, the tokens that reach training are not "
         "the ones the policy sampled (misaligned token ids, a different template) or the engines differ.",
@@ -118,7 +121,8 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Tr
         summary="The mean importance-sampling weight is far from 1.",
         description="Run ${RUN}: rollout_corr/rollout_is_mean is ${NUMBER}, outside ${mismatch:is_mean_min}-"
         "${mismatch:is_mean_max}.",
-        meaning="A mean IS weight close to 1 means little off-policy gap; ${DOC_LINK} flags below 0.5 or above 2.0 as a "
+        meaning="A mean IS weight close to 1 means little off-policy gap; ${DOC_LINK} flags below 0.5 or "
+        "above 2.0 as a "
         "significant, systematic distribution shift, most often a setup error.",
         fix="As the guide's troubleshooting says: verify ${ENABLE}, check that the rollout log-probs are passed "
         "correctly, then look for a systematic shift between the engines."),
@@ -128,9 +132,11 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml", title="Tr
                  ess=corr("rollout_is_eff_sample_size"), std=corr("rollout_is_std")),
         for_="15m",
         summary="Importance-sampling weights concentrate on few samples.",
-        description="Run ${RUN}: the IS weights' effective sample size (fraction of the batch) or std is ${NUMBER}: below "
+        description="Run ${RUN}: the IS weights' effective sample size (fraction of the batch) or std is "
+        "${NUMBER}: below "
         "${mismatch:ess_min} or above ${mismatch:is_std_max}.",
-        meaning="${DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 means a few "
+        meaning="${DOC_LINK}: an effective sample size below 0.3 of the batch or an IS weight std above 1.0 "
+        "means a few "
         "samples carry most of the gradient (high spread in IS weights).",
         fix="Switch `algorithm.rollout_correction` from `sequence` to `geometric` level, tighten the thresholds, "
         "and verify rollout and training are not too different."),

@@ -15,7 +15,6 @@ from pathlib import Path
 import yaml
 
 from verl_exporter.catalog import Catalog, default_catalog
-
 from verl_exporter.durations import parse_duration
 
 from . import anomaly, mismatch, model, nodes, rollout, settings, system, training
@@ -136,10 +135,10 @@ def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_r
     ``runbook_url`` is ``runbook_url#anchor``."""
     catalog = catalog or default_catalog()
     files: dict[str, dict] = {}
-    for group in settings.recording_groups():
-        for entry in group["rules"]:
+    for recording in settings.recording_groups():
+        for entry in recording["rules"]:
             entry["expr"] = layout(scale_expr(filled(entry["expr"], catalog), time_scale, min_range))
-        files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(group, time_scale))
+        files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(recording, time_scale))
     for group in GROUPS:
         rules = [rule(alert, group, catalog, time_scale, min_range, runbook_url) for alert in group.alerts]
         entry = {"name": group.name, "interval": group.interval, "rules": rules}

@@ -9,9 +9,11 @@ labels; the rules join them to the run on those two labels. Metric names are the
 | --- | --- | --- |
 | requests running | ``vllm:num_requests_running`` | ``sglang:num_running_reqs`` |
 | requests waiting | ``vllm:num_requests_waiting`` | ``sglang:num_queue_reqs`` |
-| KV-cache usage (0-1) | ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before V1) | ``sglang:token_usage`` |
-| generated tokens | ``vllm:generation_tokens_total`` | ``sglang:generation_tokens_total`` (``sglang:gen_throughput``, tokens/s) |
+| KV-cache usage (0-1) | ``vllm:kv_cache_usage_perc`` (1) | ``sglang:token_usage`` |
+| generated tokens | ``vllm:generation_tokens_total`` | ``sglang:generation_tokens_total`` (2) |
 | preemptions | ``vllm:num_preemptions_total`` | ``sglang:num_retracted_requests_total`` (retractions) |
+
+(1) ``vllm:gpu_cache_usage_perc`` before V1. (2) And ``sglang:gen_throughput``, tokens/s.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def _quoted(expr: str) -> str:
 
 
 KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
-PREEMPTED_NOW = (_quoted(sub("(${PREEMPTIONS}) > 0", PREEMPTIONS=PREEMPTIONS)) + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
+PREEMPTED_NOW = (_quoted(sub("(${PREEMPTIONS}) > 0", PREEMPTIONS=PREEMPTIONS))
+                 + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
                  " requests/s.{{ end }}")
 
 ROLLOUT = Group(name="verl-rollout", file="verl-performance.rules.yml", title="Rollout engines", alerts=(

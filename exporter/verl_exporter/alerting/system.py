@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import NUMBER, PERCENT, PER_STEP_INTERVAL, Alert, Group, sub
+from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, sub
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -208,7 +208,8 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingJobCrashed", severity="critical",
-        expr="((verl_training_last_step < ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}", for_="2m",
+        expr="((verl_training_last_step < ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}",
+        for_="2m",
         summary="The training job exited before its last step.",
         description="Run ${RUN}: the training job has no live process, and the run stopped at step {{ $value }} of "
         "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project "
@@ -223,9 +224,11 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingJobExited", severity="warning",
-        expr="((verl_training_last_step unless ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}", for_="2m",
+        expr="((verl_training_last_step unless ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}",
+        for_="2m",
         summary="The training job's processes are gone and its run's length is unknown.",
-        description="Run ${RUN}: the training job watched by {{ $labels.instance }} has no live process, the run did not "
+        description="Run ${RUN}: the training job watched by {{ $labels.instance }} has no live process, "
+        "the run did not "
         "report the end of training and its total of steps is unknown: it crashed, was stopped, or ended.",
         meaning="As VerlTrainingJobCrashed, for a run whose length the exporter does not know (a JSONL-only run "
         "without `--run.config` or a config with `trainer.total_training_steps`): whether it ended "
@@ -312,7 +315,8 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         name="VerlExporterCollectorFailing", severity="warning",
         expr="verl_exporter_collector_success == 0", for_="10m",
         summary="An exporter collector keeps failing.",
-        description="Collector {{ $labels.collector }} of the exporter at {{ $labels.instance }} has failed every scrape "
+        description="Collector {{ $labels.collector }} of the exporter at {{ $labels.instance }} has failed "
+        "every scrape "
         "for 10 minutes.",
         meaning="A collector (training, gpu or host) raises or times out at every scrape; its metrics are missing.",
         fix="Read the exporter's log for the collector's error (NVML not loaded, a hung driver call, an "
@@ -351,7 +355,8 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
         expr=_new_or_increased(sub('verl_gpu_xid_errors_total{xid=~"${XID_FATAL}"}', XID_FATAL=XID_FATAL), "15m"),
         for_="0m",
         summary="A GPU reported a fatal XID error.",
-        description="${GPU} reported XID {{ $labels.xid }} (${NUMBER} new events in 15 minutes): the GPU or its memory failed.",
+        description="${GPU} reported XID {{ $labels.xid }} (${NUMBER} new events in 15 minutes): "
+        "the GPU or its memory failed.",
         meaning="XIDs such as 48 (double-bit ECC), 79 (fallen off the bus), 94/95 (ECC) or 119/120 (GSP) mean "
         "the GPU cannot be trusted; the job on it will fail or compute garbage.",
         fix="Drain the node, reset the GPU (`nvidia-smi -r`) or reboot; replace it if it repeats. Restart the "
@@ -434,7 +439,8 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
         " unless on(job, instance) verl_job_running))",
         for_="10m",
         summary="GPUs are idle while the training job runs.",
-        description="GPUs on {{ $labels.instance }}" + NODE_RUNS_QUOTED + " average " + PERCENT + " utilisation while the training job "
+        description="GPUs on {{ $labels.instance }}" + NODE_RUNS_QUOTED + " average " + PERCENT
+        + " utilisation while the training job "
         "runs.",
         meaning="The job is alive but its GPUs do nothing: it waits on something (data, reward server, a hung "
         "collective, a dead Ray worker). Where the exporter watches no job processes, a node counts as "

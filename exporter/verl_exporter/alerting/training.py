@@ -295,7 +295,8 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
         " and ${RUN_MATCH} changes(verl_training_last_step[30m]) >= ${critic/advantages/max:no_signal_steps}",
         for_="10m",
         summary="Every advantage is 0: the run has no learning signal.",
-        description="Run ${RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes (at most ${NUMBER}): "
+        description="Run ${RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes "
+        "(at most ${NUMBER}): "
         "no sample is better or worse than its group, so the policy gets no gradient.",
         meaning="With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
         "same as the others gets advantage 0. When all advantages are 0 step after step, every group is "
@@ -339,7 +340,8 @@ LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequ
         name="VerlResponsesOftenTruncated", severity="info",
         expr="verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", for_="1h",
         summary="More than 10% of the responses hit max_response_length.",
-        description="Run ${RUN}: ${PERCENT} of responses have been truncated at max_response_length ${MAX_RESPONSE} for an "
+        description="Run ${RUN}: ${PERCENT} of responses have been truncated at max_response_length "
+        "${MAX_RESPONSE} for an "
         "hour (ideal below ${response_length/clip_ratio:elevated}).",
         meaning="Most responses should end on their own; above 10% truncation for long, answers are being cut.",
         fix="Consider a larger `data.max_response_length`.",
@@ -377,7 +379,8 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
         expr="verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
         " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} and ${SCORE_LOW}", for_="30m",
         summary="The policy converged prematurely: entropy near 0, KL near 0, score flat and low.",
-        description="Run ${RUN}: actor/entropy is ${NUMBER} with actor/ppo_kl near 0 and a flat critic/score/mean in the "
+        description="Run ${RUN}: actor/entropy is ${NUMBER} with actor/ppo_kl near 0 and a flat "
+        "critic/score/mean in the "
         "lower half of its range: the policy has converged prematurely.",
         meaning="The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
         "about 0. The policy is stuck in a local optimum because it stopped exploring. \"Premature\" is "
