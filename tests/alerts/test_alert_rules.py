@@ -216,7 +216,8 @@ def test_per_step_groups_evaluate_every_minute_and_pages_at_the_global_interval(
             if "alert" in entry:
                 assert parse_duration(entry["for"]) >= 5 * parse_duration(model.PER_STEP_INTERVAL)
     # Scaled rules (the demo, the end-to-end tests) run every group at their Prometheus's interval.
-    scaled = [group for text in render.rule_files(time_scale=1 / 300).values() for group in yaml.safe_load(text)["groups"]]
+    scaled = [group for text in render.rule_files(time_scale=1 / 300).values()
+              for group in yaml.safe_load(text)["groups"]]
     assert not [group["name"] for group in scaled if "interval" in group]
     alert = next(iter(render.GROUPS[0].alerts))
     with pytest.raises(ValueError, match="too short"):

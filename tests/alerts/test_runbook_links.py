@@ -82,7 +82,8 @@ def test_the_rules_command_writes_the_rules_with_another_base(tmp_path, capsys):
     assert main(["rules", "--runbook-url", base, "--out", str(tmp_path)]) == 0
     written = sorted(path.name for path in tmp_path.iterdir())
     assert written == sorted([path.name for path in shipped.rule_files()] + ["prometheusrule.yml", "RUNBOOK.md"])
-    groups = [group for path in tmp_path.glob("verl-*.rules.yml") for group in yaml.safe_load(path.read_text())["groups"]]
+    groups = [group for path in tmp_path.glob("verl-*.rules.yml")
+              for group in yaml.safe_load(path.read_text())["groups"]]
     assert set(runbook_urls(groups).values()) == {f"{base}#{alert.name.lower()}" for alert in render.alerts()}
     assert (tmp_path / "recording-rules.yml").read_text() == shipped.recording_rules_file().read_text()
     assert (tmp_path / "RUNBOOK.md").read_text() == shipped.runbook().read_text()

@@ -62,9 +62,11 @@ def run(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_package_and_its_data_come_from_the_wheel(installed, tmp_path):
-    probe = ("import json, verl_exporter, verl_exporter.shipped as s; print(json.dumps({'package': verl_exporter.__file__, "
+    probe = ("import json, verl_exporter, verl_exporter.shipped as s; "
+             "print(json.dumps({'package': verl_exporter.__file__, "
              "'rules': [str(p) for p in s.rule_files()], 'runbook': str(s.runbook()), "
-             "'alertmanager': str(s.alertmanager_config()), 'dashboards': sorted(p.name for p in s.dashboards_dir().glob('*.json')), "
+             "'alertmanager': str(s.alertmanager_config()), "
+             "'dashboards': sorted(p.name for p in s.dashboards_dir().glob('*.json')), "
              "'templates': sorted(p.name for p in s.alertmanager_templates().glob('*.tmpl'))}))")
     result = run(installed, tmp_path, str(installed / "python"), "-c", probe)
     assert result.returncode == 0, result.stderr
