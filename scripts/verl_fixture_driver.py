@@ -27,12 +27,25 @@ import shutil
 import sys
 import time
 
+from verl_fixture_metrics import reward_fn_for
 from verl_fixture_stubs import Quiet, install_bert_padding, install_stubs, release_tuple
 from verl_fixture_workers import (
-    DATA_SOURCES, GRPO_N, N_GPUS, STEPS, TEST_FREQ, TRAIN_BATCH, VAL_N, VAL_PER_SOURCE,
-    FakeTokenizer, FakeWorkerGroup, PromptDataset, Workers, collate, loader_class, random_sampler,
+    DATA_SOURCES,
+    GRPO_N,
+    N_GPUS,
+    STEPS,
+    TEST_FREQ,
+    TRAIN_BATCH,
+    VAL_N,
+    VAL_PER_SOURCE,
+    FakeTokenizer,
+    FakeWorkerGroup,
+    PromptDataset,
+    Workers,
+    collate,
+    loader_class,
+    random_sampler,
 )
-from verl_fixture_metrics import reward_fn_for
 
 
 def plain(value):
@@ -114,9 +127,8 @@ def config_overrides(release, run):
 
 
 def compose_config(release, run):
-    from hydra import compose, initialize_config_dir
-
     import verl
+    from hydra import compose, initialize_config_dir
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):

@@ -193,7 +193,6 @@ class FakeWorkerGroup:
     def generate_sequences(self, prompts):
         import numpy as np
         import torch
-
         from verl import DataProto
 
         w = self.w
@@ -315,7 +314,6 @@ class FakeWorkerGroup:
     def _engine_out(self, data, metrics=None, **scales):
         """A TensorDict of nested tensors laid out like data["input_ids"] (what engines return)."""
         import torch
-
         import verl.utils.tensordict_utils as tu
 
         ids = data["input_ids"]

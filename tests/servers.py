@@ -144,7 +144,7 @@ def start_alertmanager(tmp_path: Path, config_path: Path, *, extra_args: list[st
     workdir = tmp_path / f"alertmanager-{port}"
     workdir.mkdir()
     cmd = [binary, f"--config.file={config_path}", f"--storage.path={workdir / 'data'}",
-           f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=", *extra_args]
+           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", *extra_args]
     return Server("alertmanager", cmd, port, workdir / "alertmanager.log", "/-/ready", cwd=workdir)
 
 

@@ -16,11 +16,22 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import (
-    BigValueColorMode, BigValueGraphMode, GraphThresholdsStyleMode, LegendDisplayMode, LegendPlacement,
-    StackingMode, TooltipDisplayMode, VisibilityMode,
+    BigValueColorMode,
+    BigValueGraphMode,
+    GraphThresholdsStyleMode,
+    LegendDisplayMode,
+    LegendPlacement,
+    StackingMode,
+    TooltipDisplayMode,
+    VisibilityMode,
 )
 from grafana_foundation_sdk.models.dashboard import (
-    DashboardCursorSync, DashboardLinkType, DataSourceRef, Threshold, ThresholdsMode, VariableRefresh,
+    DashboardCursorSync,
+    DashboardLinkType,
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    VariableRefresh,
     VariableSort,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat

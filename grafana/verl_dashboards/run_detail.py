@@ -15,9 +15,28 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, Dynam
 
 from . import rollout
 from .common import (
-    DATASOURCE, GREEN, NEUTRAL, ORANGE, RED, RUN, SYSTEM, datasource_variable, describe, healthy_steps,
-    metric_panel, new_dashboard, query, run_variables, since_last_step_steps, spec, stat_panel, steps,
-    thresholds, timeseries_panel, to_json, unit_of,
+    DATASOURCE,
+    GREEN,
+    NEUTRAL,
+    ORANGE,
+    RED,
+    RUN,
+    SYSTEM,
+    datasource_variable,
+    describe,
+    healthy_steps,
+    metric_panel,
+    new_dashboard,
+    query,
+    run_variables,
+    since_last_step_steps,
+    spec,
+    stat_panel,
+    steps,
+    thresholds,
+    timeseries_panel,
+    to_json,
+    unit_of,
 )
 
 UID = "verl-run"

@@ -17,7 +17,15 @@ import time
 from pathlib import Path
 
 from common import (
-    SCRAPE_HEADERS, BenchmarkError, Result, Row, cpu_seconds, metrics_text, rss_bytes, sample_values, scrape,
+    SCRAPE_HEADERS,
+    BenchmarkError,
+    Result,
+    Row,
+    cpu_seconds,
+    metrics_text,
+    rss_bytes,
+    sample_values,
+    scrape,
 )
 
 NAME = "overhead"

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import yaml
-
 from dashboard_models import REPO
 
 # Port each service listens on inside the stack, and where that is decided.

@@ -15,7 +15,11 @@ if str(GRAFANA) not in sys.path:
     sys.path.insert(0, str(GRAFANA))
 
 from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
-    label_values_query, panels, substitute, variable_query, variables,
+    label_values_query,
+    panels,
+    substitute,
+    variable_query,
+    variables,
 )
 from verl_dashboards.model import targets as _targets  # noqa: E402
 

@@ -14,10 +14,15 @@ import re
 
 import pytest
 import yaml
-
 from compose_checks import (
-    container_to_host, image_problems, load_compose, mount_problems, prometheus_targets, published_port_problems,
-    target_problems, url_problems,
+    container_to_host,
+    image_problems,
+    load_compose,
+    mount_problems,
+    prometheus_targets,
+    published_port_problems,
+    target_problems,
+    url_problems,
 )
 from dashboard_models import REPO
 
@@ -239,7 +244,6 @@ def test_secured_prometheus_config_differs_only_in_how_verl_is_scraped():
 def test_web_config_example_loads(tmp_path):
     """The example, beside a certificate and key, is a valid web config; its comment names the password."""
     from certs import make_pki
-
     from verl_exporter import web_config
 
     pki = make_pki(tmp_path / "pki")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dashboard_models  # noqa: F401  (puts grafana/ on the import path)
 import pytest
 
-import dashboard_models  # noqa: F401  (puts grafana/ on the import path)
 from verl_dashboards import fleet
 from verl_dashboards.preview import colour_for, fill_variables, format_value, merge_table
 

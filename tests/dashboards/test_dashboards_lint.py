@@ -7,15 +7,13 @@ import json
 import re
 
 import pytest
-
 from dashboard_lint import lint, lint_set, panel_rule, rate_interval_rule, selector_rule, variables_defined_rule
 from dashboard_models import DASHBOARDS_DIR, REPO, load_dashboards, panels, targets
-
-from verl_exporter.catalog import default_catalog
 
 import verl_dashboards
 from verl_dashboards import __main__ as generate
 from verl_dashboards.common import healthy_steps, render
+from verl_exporter.catalog import default_catalog
 
 EXPECTED_UIDS = {"fleet-overview.json": "verl-fleet", "run-detail.json": "verl-run", "gpu-nodes.json": "verl-gpu"}
 DASHBOARDS = load_dashboards()

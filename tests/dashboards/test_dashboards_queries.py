@@ -13,8 +13,8 @@ import time
 import urllib.parse
 
 import pytest
-
 from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
+
 from metrics_server import MetricsServer
 from servers import prom_query, start_exporter, start_prometheus, wait_until
 from verl_exporter import shipped

@@ -1,8 +1,8 @@
 """GPU and host limits have one home, the catalog's ``system`` section: alerts and dashboards agree."""
 
 import yaml
-
 from dashboard_models import load_dashboards, panels
+
 from verl_exporter import shipped
 from verl_exporter.catalog import default_catalog
 

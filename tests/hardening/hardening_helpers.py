@@ -7,7 +7,6 @@ import socket
 
 from exposition import matching
 
-
 samples = matching  # values of every sample called ``name`` whose labels include ``labels``
 
 

@@ -6,8 +6,8 @@ import threading
 import time
 
 import psutil
-
 from hardening_helpers import jsonl, metrics_when, value
+
 from servers import start_exporter
 
 SCRAPERS = 50

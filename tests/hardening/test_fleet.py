@@ -10,6 +10,7 @@ import sys
 import time
 
 from hardening_helpers import jsonl, metrics_when, samples, value
+
 from servers import REPO, free_port, http_get, wait_until
 
 # The first poll of every source waits for a gate file: a backlog that takes as long as the test wants.

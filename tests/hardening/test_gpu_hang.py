@@ -1,8 +1,8 @@
 """An NVML call that never returns: scrapes still answer, with the GPU collector marked failed."""
 
 import psutil
-
 from hardening_helpers import jsonl, metrics_when, value
+
 from servers import start_exporter
 
 

@@ -8,8 +8,9 @@ import os
 import urllib.request
 
 from hardening_helpers import metrics_when, value
-from promtool import check_metrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+from promtool import check_metrics
 from servers import start_exporter
 
 FORGED = ["host/memory_used_gb", "gpu/memory_used_gb", "job/rss_mb", "training/last_step_timestamp_ms",

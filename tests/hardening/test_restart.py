@@ -3,10 +3,10 @@
 import math
 import threading
 
+from hardening_helpers import metrics_when, samples
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hardening_helpers import metrics_when, samples
 from servers import start_exporter
 from verl_exporter import simulate
 from verl_exporter.catalog import default_catalog

@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-
 from hardening_helpers import jsonl, metrics_when, value
+
 from servers import Server, free_port, start_exporter
 
 RUN = {"project": "gsm8k", "experiment": "ppo"}

@@ -15,10 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exposition import scrape
 from promtool import check_metrics
-from prometheus_client.parser import text_string_to_metric_families
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.records import RunKey

@@ -4,8 +4,8 @@ state, the families the training collector serves, and when a replay times the s
 import os
 
 from prometheus_client import CollectorRegistry, generate_latest
-
 from record_keeper import RecordKeeper
+
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+
 from exposition import samples
 from exposition import scrape as scrape_collectors
 from servers import wait_until

@@ -256,7 +256,6 @@ def test_secured_sidecar_adds_only_the_web_config_flag(pod, secured):
 
 def test_secured_web_config_uses_the_mounted_tls_secret(tmp_path, secured):
     from certs import make_pki
-
     from verl_exporter import web_config
 
     secured_pod, documents = secured

@@ -3,9 +3,9 @@ import pytest
 from exposition import matching, samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
-from verl_exporter.options import OptionsError, load_options
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.node import NodeCollector
+from verl_exporter.options import OptionsError, load_options
 from verl_exporter.records import Record, RunKey
 from verl_exporter.store import RunStore
 

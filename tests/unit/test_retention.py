@@ -2,12 +2,11 @@
 
 import logging
 
+from exposition import sample_value, scrape
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.records import Record, RunKey
 from verl_exporter.store import RunStore
-
-from exposition import sample_value, scrape
 
 HOUR = 3600.0
 

@@ -18,8 +18,17 @@ import yaml
 
 from verl_exporter import simulate
 from verl_exporter.simulate import (
-    SCENARIOS, format_console, format_jsonl, generate_steps, is_validation, noise_lines, scale_timings,
-    step_values, validation_values, write_file, write_run,
+    SCENARIOS,
+    format_console,
+    format_jsonl,
+    generate_steps,
+    is_validation,
+    noise_lines,
+    scale_timings,
+    step_values,
+    validation_values,
+    write_file,
+    write_run,
 )
 
 STEP_LINE = re.compile(r"^\(TaskRunner pid=1234\) step:(\d+)((?: - [^ :]+:\S+)+)$")

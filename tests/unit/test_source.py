@@ -297,8 +297,8 @@ def test_a_backlog_is_dated_by_the_file_not_by_the_restart(tmp_path):
     import os
 
     from verl_exporter.catalog import default_catalog
-    from verl_exporter.store import RunStore
     from verl_exporter.sources import Source as RealSource
+    from verl_exporter.store import RunStore
 
     path = tmp_path / "proj" / "exp.jsonl"
     path.parent.mkdir()

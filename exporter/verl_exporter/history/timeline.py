@@ -27,8 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from verl_exporter.records import (CHECKPOINT_SAVE_KEYS, STEP_DURATION_KEYS, ParseError, Record, is_event,
-                                   logged_seconds)
+from verl_exporter.records import CHECKPOINT_SAVE_KEYS, STEP_DURATION_KEYS, ParseError, Record, is_event, logged_seconds
 from verl_exporter.sources import Source, format_for
 
 DEFAULT_STEP_SECONDS = 60.0
