@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools demo exporter-demo test bench generate fixtures clean
+.PHONY: install tools demo exporter-demo lint test bench generate fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,12 @@ demo: install tools
 exporter-demo: install
 	$(PY) -m verl_exporter --simulate healthy --gpu.fake healthy:8 --web.listen-address :$(PORT)
 
-test: install tools
+# Lint and type checks (ruff, mypy; settings in pyproject.toml), then the whole test suite.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install tools lint
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
