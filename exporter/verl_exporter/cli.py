@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,33 +54,99 @@ def main(argv: list[str] | None = None) -> int:
             address = parse_listen_address(options.web_listen_address)
             web = web_config.load(options.web_config_file)
         except (OptionsError, ValueError, web_config.WebConfigError) as exc:
-            print(f"verl-exporter: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(str(exc))
         logging.basicConfig(level=log_level(options), format=LOG_FORMAT)
         try:
             app = Exporter(options, argv=argv, web=web)
         except OptionsError as exc:
-            print(f"verl-exporter: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(str(exc))
         try:
             app.start(address)
         except OSError as exc:
-            print(f"verl-exporter: error: cannot listen on {options.web_listen_address}: {exc.strerror or exc}",
-                  file=sys.stderr)
             app.stop()
-            return 2
+            return _error(f"cannot listen on {options.web_listen_address}: {exc.strerror or exc}")
         signals.started = True
         while signals.wait() == "reload":
-            try:
-                app.reload()
-            except Exception:  # a reload must never stop a serving exporter
-                log.exception("reloading the options failed, keeping the running ones")
+            if _reload_in_background(app, signals) == "stop":
+                break
     except _Shutdown:
         pass
     log.info("shutting down")
     if app is not None:
         app.stop()
+    _settle_stderr()
     return 0
+
+
+def _error(message: str) -> int:
+    """Print ``message`` as the one error line and give exit status 2, also when stderr cannot be
+    written (a full disk, /dev/full, a closed pipe): the status is what a supervisor reads."""
+    try:
+        print(f"verl-exporter: error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    _settle_stderr()
+    return 2
+
+
+def _settle_stderr() -> None:
+    """Flush stderr now; if it cannot be written, swap it for /dev/null, so that what it still holds
+    (log lines, the error) does not fail the interpreter's last flush, which would exit 120."""
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        try:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (lives until the process ends)
+        except OSError:
+            sys.stderr = None
+
+
+# The longest a reload may take to read and check its files before it is given up (a hung network
+# file system): the exporter keeps its running options, and reloads again at the next SIGHUP.
+RELOAD_READ_SECONDS = 30.0
+
+
+def _reload_in_background(app: "Exporter", signals: "_Signals") -> str:
+    """Read and check the new files in a thread while the main thread keeps answering signals, so
+    a read that hangs never holds up SIGTERM; apply them here once checked. "stop" if a stop came."""
+    from . import reload
+
+    busy = [thread for thread in threading.enumerate() if thread.name == "reload" and thread.is_alive()]
+    if busy:
+        log.error("reloading the options failed, keeping the running ones: the last reload is still reading "
+                  "its files")
+        return "reload"
+    result: dict = {}
+
+    def prepare() -> None:
+        try:
+            result["plan"] = reload.prepare(app)
+        except reload.ReloadError as exc:
+            result["error"] = exc
+        except Exception as exc:  # noqa: BLE001 (a reload must never stop a serving exporter)
+            result["error"] = reload.ReloadError(f"{type(exc).__name__}: {exc}".replace("\n", " "))
+
+    thread = threading.Thread(target=prepare, name="reload", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + RELOAD_READ_SECONDS
+    while thread.is_alive():
+        if signals.stopping:
+            return "stop"
+        if time.monotonic() > deadline:
+            log.error("reloading the options failed, keeping the running ones: reading the files took more "
+                      "than %gs", RELOAD_READ_SECONDS)
+            return "reload"
+        thread.join(SIGNAL_CHECK_SECONDS)
+    if signals.stopping:
+        return "stop"
+    try:
+        if "error" in result:
+            reload.report(result["error"])
+        else:
+            reload.commit(app, result["plan"])
+    except Exception:  # a reload must never stop a serving exporter
+        log.exception("reloading the options failed, keeping the running ones")
+    return "reload"
 
 
 LOG_FORMAT = "%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s"
@@ -114,6 +182,11 @@ class _Signals:
     def _on_reload(self, signum, frame) -> None:
         self._reload = True
         self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM or SIGINT has come."""
+        return self._stop
 
     def wait(self) -> str:
         """Block until a signal: "stop" or "reload"."""

@@ -4,13 +4,20 @@ The file is the one every Go exporter reads (``tls_server_config``, ``http_serve
 ``basic_auth_users``); relative paths are relative to the file. :func:`load` checks everything,
 certificates included, and raises :class:`WebConfigError` with a one-line message, so a file that
 loads is a file that serves.
+
+Reading is bounded: the file and the certificate, key and CA files it names must be regular files
+(a FIFO or ``/dev/zero`` is refused without being read) of a bounded size, and YAML aliases are
+refused. An error names the key, the line and the column, never the file's text: a web config path
+that points at a secret must not copy the secret into the log.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import ssl
+import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -55,6 +62,11 @@ _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min
 _UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences", "client_allowed_sans"}
 _HTTP_KEYS = {"headers", "http2"}
 _TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
+MAX_WEB_CONFIG_BYTES = 256 * 1024
+MAX_PEM_BYTES = 4 * 1024 * 1024  # a certificate chain, a key or a CA bundle
+# What each empty section turns off when the file writes it on purpose (``{}``, not a null left behind
+# by commented-out lines); a reload that would turn TLS or basic auth off needs it (see reload.py).
+OFF_ON_PURPOSE = {"tls_server_config": "TLS", "basic_auth_users": "basic auth"}
 _BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
 # exporter-toolkit's stand-in for unknown users, so a wrong name costs as much as a wrong password.
 _FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
@@ -68,6 +80,8 @@ class WebConfig:
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     path: str | None = None
+    # The sections the file sets to ``{}`` on purpose, and "client_auth_type" when the file states it.
+    stated: frozenset[str] = frozenset()
     _cache: "_AuthCache" = field(default_factory=lambda: _AuthCache(), compare=False, repr=False)
 
     def check_password(self, user: str, password: str) -> bool:
@@ -123,69 +137,192 @@ def load(path: str | None) -> WebConfig:
     """The web config in ``path`` (None or "": plain HTTP, no auth); WebConfigError if unusable."""
     if not path:
         return WebConfig()
+    where = f"web config file {path}"
+    raw = read_regular_file(path, where, MAX_WEB_CONFIG_BYTES)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WebConfigError(f"cannot read web config file {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise WebConfigError(f"web config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"{where} is not UTF-8 text (byte {exc.start + 1} is not)") from None
+    data, lines = _read_yaml(text, where)
     try:
-        return _parse(data or {}, Path(path).parent, path)
+        return _parse({} if data is None else data, Path(path).parent, path, lines)
     except WebConfigError as exc:
-        raise WebConfigError(f"web config file {path}: {exc}") from None
+        raise WebConfigError(f"{where}: {exc}") from None
 
 
-def _parse(data: Any, base: Path, path: str) -> WebConfig:
-    top = _mapping(data, "the file", _TOP_KEYS)
-    tls = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS, _UNSUPPORTED_TLS_KEYS)
-    http = _mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
-    headers = _headers(_mapping(http.get("headers"), "http_server_config.headers", None))
-    for section, flag in ((http, "http2"), (tls, "prefer_server_cipher_suites")):  # accepted, no effect here
+def read_regular_file(path: str, what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; WebConfigError otherwise.
+
+    Opened without blocking, so a FIFO with no writer cannot hold the open up; a FIFO, a device
+    (``/dev/zero``) or a directory is refused before a byte is read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {what}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise WebConfigError(f"cannot read {what}: not a regular file")
+        chunks, size = [], 0
+        while size <= limit:  # st_size can lie (a file that grows, /proc): count what is read
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise WebConfigError(f"cannot read {what}: larger than {limit // 1024} KiB")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {what}: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        os.close(fd)
+
+
+class _AliasRefused(yaml.YAMLError):
+    def __init__(self, mark):
+        super().__init__()
+        self.mark = mark
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML's safe loader without aliases: a web config never needs one, and they are what builds a
+    self-referencing mapping or an exponential "billion laughs" from a few bytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasRefused(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+# A quoted part of a YAML error ('\t', an alias or a tag name): the file's text, never shown.
+_QUOTED = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\"""")
+
+
+def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """The file's data and the line of each key (up to three levels deep); errors say where, not what."""
+    loader = _NoAliases(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except _AliasRefused as exc:
+        raise WebConfigError(f"{where}: YAML aliases are not allowed (line {exc.mark.line + 1})") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = _QUOTED.sub("…", exc.problem or exc.context or "syntax error")
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise WebConfigError(f"{where} is not valid YAML: {problem}{at}") from None
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"{where} is not valid YAML ({type(exc).__name__})") from None
+    except RecursionError:
+        raise WebConfigError(f"{where} is not valid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+    lines: dict[tuple[str, ...], int] = {}
+    pending: list[tuple[Any, tuple[str, ...]]] = [(node, ())] if node is not None else []
+    while pending:
+        item, prefix = pending.pop()
+        if isinstance(item, yaml.MappingNode) and len(prefix) < 3:
+            for key, value in item.value:
+                if isinstance(key, yaml.ScalarNode):
+                    lines.setdefault((*prefix, str(key.value)), key.start_mark.line + 1)
+                    pending.append((value, (*prefix, str(key.value))))
+    return data, lines
+
+
+class _Lines:
+    """`` (line N)`` of a key of the file, so an error can point at a value without quoting it."""
+
+    def __init__(self, lines: dict[tuple[str, ...], int] | None):
+        self.lines = lines or {}
+
+    def __call__(self, *keys: Any) -> str:
+        line = self.lines.get(tuple(str(key) for key in keys))
+        return f" (line {line})" if line else ""
+
+
+_NO_LINES = _Lines(None)
+
+
+def _parse(data: Any, base: Path, path: str, lines: dict[tuple[str, ...], int] | None = None) -> WebConfig:
+    at = _Lines(lines)
+    top = _mapping(data, "the file", _TOP_KEYS, at=at)
+    tls = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS, _UNSUPPORTED_TLS_KEYS, at=at)
+    http = _mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS, at=at)
+    headers = _headers(_mapping(http.get("headers"), "http_server_config.headers", None, at=at), at)
+    for section, name, flag in ((http, "http_server_config", "http2"),
+                                (tls, "tls_server_config", "prefer_server_cipher_suites")):  # accepted, no effect
         if not isinstance(section.get(flag, True), bool):
-            raise WebConfigError(f"{flag} must be true or false, not {section[flag]!r}")
+            raise WebConfigError(f"{name}.{flag} must be true or false{at(name, flag)}")
     users = {}
-    for user, hashed in _mapping(top.get("basic_auth_users"), "basic_auth_users", None).items():
+    for user, hashed in _mapping(top.get("basic_auth_users"), "basic_auth_users", None, at=at).items():
+        if not isinstance(user, (str, int)) or isinstance(user, bool):
+            raise WebConfigError(f"basic_auth_users: a user name must be text{at('basic_auth_users', user)}")
         if not isinstance(hashed, str) or not _BCRYPT_HASH.match(hashed):
-            raise WebConfigError(f"basic_auth_users: the password of {user!r} is not a bcrypt hash "
+            raise WebConfigError(f"basic_auth_users: a password is not a bcrypt hash{at('basic_auth_users', user)} "
                                  "(make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')")
         users[str(user)] = hashed.encode()
-    return WebConfig(tls_context=_tls_context(tls, base) if tls else None, users=users, headers=headers,
-                     path=path)
+    stated = {section for section in OFF_ON_PURPOSE if top.get(section) == {}}
+    if tls.get("client_auth_type") is not None:
+        stated.add("client_auth_type")
+    return WebConfig(tls_context=_tls_context(tls, base, at) if tls else None, users=users, headers=headers,
+                     path=path, stated=frozenset(stated))
 
 
-def _mapping(value: Any, where: str, allowed: set | None, unsupported: set | frozenset = frozenset()) -> dict:
+def _mapping(value: Any, where: str, allowed: set | None, unsupported: set | frozenset = frozenset(),
+             at: _Lines = _NO_LINES) -> dict:
+    keys = tuple(where.split(".")) if where != "the file" else ()
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping, not {type(value).__name__}")
+        raise WebConfigError(f"{where} must be a mapping, not {type(value).__name__}{at(*keys)}")
     for key in value:
         if key in unsupported:
-            raise WebConfigError(f"{where}.{key} is not supported by this exporter")
+            raise WebConfigError(f"{where}.{key} is not supported by this exporter{at(*keys, key)}")
         if allowed is not None and key not in allowed:
-            raise WebConfigError(f"unknown setting {key!r} in {where}")
+            known = ", ".join(sorted(allowed))
+            raise WebConfigError(f"unknown setting {_key(key)}in {where}{at(*keys, key)}; known: {known}")
     return value
 
 
-def _headers(headers: dict) -> dict[str, str]:
+_KEY_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+def _key(key: Any) -> str:
+    """An unknown key, quoted when it looks like a setting's name (``tls_config``); anything else (a
+    long token, a line of a secret parsed as a key) is left to the line number."""
+    return f"{key!r} " if isinstance(key, str) and _KEY_LIKE.fullmatch(key) else ""
+
+
+def _headers(headers: dict, at: _Lines = _NO_LINES) -> dict[str, str]:
     checked = {}
     for name, value in headers.items():
+        where = at("http_server_config", "headers", name)
         if name not in ALLOWED_HEADERS:
-            raise WebConfigError(f"HTTP header {name!r} can not be configured; one of {', '.join(ALLOWED_HEADERS)}")
+            raise WebConfigError(f"HTTP header {_key(name)}can not be configured{where}; "
+                                 f"one of {', '.join(ALLOWED_HEADERS)}")
+        if value is not None and not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise WebConfigError(f"the value of {name} must be text{where}")
         value = "" if value is None else str(value)
         allowed = ALLOWED_HEADERS[name]
         if allowed and value not in allowed:
-            raise WebConfigError(f"invalid value {value!r} for {name}; one of {', '.join(allowed)}")
+            raise WebConfigError(f"invalid value for {name}{where}; one of {', '.join(allowed)}")
         if "\r" in value or "\n" in value:
-            raise WebConfigError(f"header {name} has a line break")
+            raise WebConfigError(f"header {name} has a line break{where}")
         if value:  # blank means unset, as in exporter-toolkit
             checked[name] = value
     return checked
 
 
-def _tls_context(tls: dict, base: Path) -> ssl.SSLContext:
+def _tls_context(tls: dict, base: Path, at: _Lines = _NO_LINES) -> ssl.SSLContext:
     def file(key: str) -> str | None:
         value = tls.get(key)
-        return None if value in (None, "") else str(base / str(value))
+        if value in (None, ""):
+            return None
+        if not isinstance(value, str):
+            raise WebConfigError(f"tls_server_config.{key} must be a file name{at('tls_server_config', key)}")
+        return str(base / value)
 
     cert, key, client_ca = file("cert_file"), file("key_file"), file("client_ca_file")
     if cert is None:
@@ -193,26 +330,24 @@ def _tls_context(tls: dict, base: Path) -> ssl.SSLContext:
     if key is None:
         raise WebConfigError("tls_server_config needs key_file")
     auth = tls.get("client_auth_type") or "NoClientCert"
-    if auth not in CLIENT_AUTH:
-        raise WebConfigError(f"invalid client_auth_type {auth!r}; one of {', '.join(CLIENT_AUTH)}")
+    if not isinstance(auth, str) or auth not in CLIENT_AUTH:
+        raise WebConfigError(f"invalid client_auth_type{at('tls_server_config', 'client_auth_type')}; "
+                             f"one of {', '.join(CLIENT_AUTH)}")
     verify_mode, needs_ca = CLIENT_AUTH[auth]
     if client_ca and auth == "NoClientCert":
         raise WebConfigError("client_ca_file is set but client_auth_type is NoClientCert")
     if needs_ca and not client_ca:
         raise WebConfigError(f"client_auth_type {auth} needs client_ca_file")
     for name, value in (("cert_file", cert), ("key_file", key), ("client_ca_file", client_ca)):
-        try:
-            if value is not None:
-                Path(value).read_bytes()
-        except OSError as exc:
-            raise WebConfigError(f"cannot read {name} {value}: {exc.strerror or exc}") from None
+        if value is not None:  # ssl reads them by name: a FIFO or /dev/zero must not reach it
+            read_regular_file(value, f"{name} {value}", MAX_PEM_BYTES)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = _version(tls, "min_version", "TLS12")
-    context.maximum_version = _version(tls, "max_version", "TLS13")
+    context.minimum_version = _version(tls, "min_version", "TLS12", at)
+    context.maximum_version = _version(tls, "max_version", "TLS13", at)
     if context.minimum_version > context.maximum_version:
         raise WebConfigError("min_version is above max_version")
     try:
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(cert, key, password=_no_password)
     except (ssl.SSLError, OSError) as exc:
         raise WebConfigError(f"cannot load cert_file {cert} with key_file {key}: {_ssl_reason(exc)}") from None
     context.verify_mode = verify_mode
@@ -224,12 +359,18 @@ def _tls_context(tls: dict, base: Path) -> ssl.SSLContext:
     return context
 
 
-def _version(tls: dict, key: str, default: str) -> ssl.TLSVersion:
+def _no_password() -> str:
+    """An encrypted key_file is an error, never a prompt on the terminal (which would hang a reload)."""
+    raise WebConfigError("key_file is encrypted; give it unencrypted (exporter-toolkit reads no passphrase)")
+
+
+def _version(tls: dict, key: str, default: str, at: _Lines = _NO_LINES) -> ssl.TLSVersion:
     name = tls.get(key) or default
-    if name not in TLS_VERSIONS:
-        raise WebConfigError(f"invalid {key} {name!r}; one of {', '.join(TLS_VERSIONS)}")
+    if not isinstance(name, str) or name not in TLS_VERSIONS:
+        raise WebConfigError(f"invalid {key}{at('tls_server_config', key)}; one of {', '.join(TLS_VERSIONS)}")
     return TLS_VERSIONS[name]
 
 
 def _ssl_reason(exc: Exception) -> str:
-    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+    """ssl's reason code (PEM_LIB, KEY_VALUES_MISMATCH) or the OS error: never the file's text."""
+    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or type(exc).__name__
