@@ -76,10 +76,12 @@ def prepare(app) -> Plan:
         raise ReloadError(str(exc)) from None
     lost = lost_protection(app.web, web)
     if lost:
-        named = options.web_config_file or "no web config file (--web.config.file is no longer set)"
+        named = (f"the web config file {options.web_config_file}" if options.web_config_file
+                 else "no web config file (--web.config.file is no longer set)")
         raise ReloadError(
-            f"{named} would turn {', '.join(lost)} off; to turn it off on purpose, write "
-            + " and ".join(_HOW_TO_TURN_OFF[what] for what in lost) + " in the web config file", refused=True)
+            f"{named} would turn {' and '.join(lost)} off; to turn {'it' if len(lost) == 1 else 'them'} off on "
+            f"purpose, write {' and '.join(_HOW_TO_TURN_OFF[what] for what in lost)} in the web config file",
+            refused=True)
     old: Options = app.options
     differ = changed(old, options)
     fixed = tuple(option for option in differ if not option.reloadable)

@@ -156,3 +156,155 @@ def test_a_new_web_config_applies_to_the_next_request(app):
 
     header = {"Authorization": "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()}
     assert http_get(url(app, "/metrics"), headers=header)[0] == 200
+
+
+# --- fail closed: all or nothing, and no protection lost by accident ------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    from certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls(pki, **extra) -> dict:
+    return {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), **extra}
+
+
+def protect(app, pki, **tls_extra) -> None:
+    """Turn TLS and basic auth on (a reload may always add protection)."""
+    write_web_config(app.test["web_file"], {"tls_server_config": tls(pki, **tls_extra),
+                                            "basic_auth_users": {"alice": password_hash()}})
+    assert app.reload()
+    assert app.web.tls_context is not None and app.web.users
+
+
+def kept(app, web, before, caplog, *lost: str) -> None:
+    """Nothing of the reload applied: the web config, the options, the log level; a WARNING names ``lost``."""
+    assert app.web is web and app.server.web is web and app.options is before
+    assert app.server.telemetry_path == "/metrics" and logging.getLogger().level != logging.DEBUG
+    refused = [record for record in caplog.records if "reload refused" in record.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING, caplog.text
+    assert all(what in refused[0].getMessage() for what in lost), refused[0].getMessage()
+
+
+ACCIDENTALLY_EMPTY = {
+    "empty": "",
+    "comments only": "# tls_server_config:\n#   cert_file: server.crt\n# basic_auth_users:\n#   alice: x\n",
+    "sections left null": "tls_server_config:\n  # cert_file: server.crt\nbasic_auth_users:\n  # alice: x\n",
+    "a header only": "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+}
+
+
+@pytest.mark.parametrize("text", ACCIDENTALLY_EMPTY.values(), ids=list(ACCIDENTALLY_EMPTY))
+def test_a_web_config_that_would_turn_tls_and_auth_off_by_accident_is_refused(app, pki, caplog, text):
+    protect(app, pki)
+    web, before = app.web, app.options
+    rewrite(app, **{"log.level": "debug", "web.telemetry-path": "/other"})  # all or nothing
+    app.test["web_file"].write_text(text)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert not app.reload()
+    kept(app, web, before, caplog, "TLS", "basic auth", "tls_server_config: {}", "basic_auth_users: {}")
+    assert "options reloaded" not in caplog.text
+
+
+def test_an_explicit_empty_section_turns_tls_or_auth_off_on_purpose(app, pki):
+    protect(app, pki)
+    write_web_config(app.test["web_file"], {"tls_server_config": {}, "basic_auth_users": {"alice": password_hash()}})
+    assert app.reload()
+    assert app.server.web.tls_context is None and app.server.web.users
+    assert http_get(url(app, "/metrics"))[0] == 401
+    write_web_config(app.test["web_file"], {"basic_auth_users": {}})
+    assert app.reload()
+    assert http_get(url(app, "/metrics"))[0] == 200
+
+
+@pytest.mark.parametrize("case", ["file deleted", "file unreadable YAML", "web.config.file unset"])
+def test_a_web_config_that_goes_away_keeps_the_running_one(app, pki, caplog, case):
+    protect(app, pki)
+    web, before = app.web, app.options
+    rewrite(app, **{"log.level": "debug"})
+    caplog.clear()
+    if case == "file deleted":
+        app.test["web_file"].unlink()
+    elif case == "file unreadable YAML":
+        app.test["web_file"].write_text("tls_server_config: [\n")
+    else:
+        del app.test["written"]["web.config.file"]
+        rewrite(app)
+    with caplog.at_level(logging.INFO):
+        assert not app.reload()
+    assert app.web is web and app.server.web is web and app.options is before
+    assert logging.getLogger().level != logging.DEBUG and "options reloaded" not in caplog.text
+    if case == "web.config.file unset":
+        assert "reload refused" in caplog.text and "no longer set" in caplog.text
+    else:
+        assert "reloading the options failed" in caplog.text
+
+
+def test_client_certificate_checks_are_not_dropped_by_accident(app, pki, caplog):
+    protect(app, pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.ca))
+    web = app.web
+    write_web_config(app.test["web_file"], {"tls_server_config": tls(pki),  # client_auth_type commented out
+                                            "basic_auth_users": {"alice": password_hash()}})
+    assert not app.reload() and app.web is web
+    assert "client certificate verification" in caplog.text
+    write_web_config(app.test["web_file"], {"tls_server_config": tls(pki, client_auth_type="NoClientCert"),
+                                            "basic_auth_users": {"alice": password_hash()}})
+    assert app.reload() and app.web is not web
+
+
+def test_a_good_options_file_with_a_bad_web_config_changes_nothing(app, caplog):
+    before, sources, ingestor, web = app.options, dict(app.sources), app.ingestor, app.web
+    rewrite(app, **{"log.level": "debug", "web.telemetry-path": "/other",
+                    "source": [str(app.test["runs"] / "b.jsonl")]})
+    for bad in ("basic_auth_users: {alice: plain}\n", "tls_server_config: {cert_file: /nope, key_file: /nope}\n",
+                "nonsense: 1\n", "[\n"):
+        app.test["web_file"].write_text(bad)
+        assert not app.reload(), bad
+        assert app.options is before and app.sources == sources and app.ingestor is ingestor and app.web is web
+        assert logging.getLogger().level != logging.DEBUG and app.server.telemetry_path == "/metrics"
+    assert caplog.text.count("reloading the options failed") == 4
+
+
+def test_a_bad_options_file_with_a_good_web_config_changes_nothing(app):
+    before, web = app.options, app.web
+    write_web_config(app.test["web_file"], {"basic_auth_users": {"alice": password_hash()}})
+    rewrite(app, **{"log.level": "loud"})
+    assert not app.reload()
+    assert app.options is before and app.web is web and app.server.web is web
+    assert http_get(url(app, "/metrics"))[0] == 200  # no auth: the new users did not apply
+
+
+def test_a_source_that_cannot_be_made_changes_nothing(app, monkeypatch, caplog):
+    before, sources, ingestor = app.options, dict(app.sources), app.ingestor
+
+    def broken(pattern, options):
+        raise ValueError("no follower for this pattern")
+
+    monkeypatch.setattr(app, "_source", broken)
+    rewrite(app, **{"log.level": "debug", "web.telemetry-path": "/other",
+                    "source": [str(app.test["runs"] / "a.jsonl"), str(app.test["runs"] / "b.jsonl")]})
+    assert not app.reload()
+    assert app.options is before and app.sources == sources and app.ingestor is ingestor and ingestor.running
+    assert logging.getLogger().level != logging.DEBUG and app.server.telemetry_path == "/metrics"
+    assert "reloading the options failed" in caplog.text and "no follower" in caplog.text
+
+
+def test_a_new_listen_address_is_named_and_the_listener_kept(app, caplog):
+    server, port = app.server, app.server.server_address[1]
+    rewrite(app, **{"web.listen-address": "127.0.0.1:1", "log.level": "debug"})
+    assert app.reload()
+    assert "only after a restart: web.listen-address" in caplog.text
+    assert app.server is server and app.server.server_address[1] == port
+    assert app.options.web_listen_address != "127.0.0.1:1"
+    assert http_get(url(app, "/metrics"))[0] == 200 and logging.getLogger().level == logging.DEBUG
+
+
+def test_a_listen_address_that_could_never_be_served_is_an_error_now(app, caplog):
+    before = app.options
+    rewrite(app, **{"web.listen-address": "nonsense", "log.level": "debug"})
+    assert not app.reload() and app.options is before
+    assert "reloading the options failed" in caplog.text and "listen address" in caplog.text
