@@ -26,7 +26,9 @@ class AlertingStack:
         am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
         self.alertmanager = start_alertmanager(tmp_path, am_config)
         self.exporter = start_exporter(tmp_path, *exporter_args)
-        rules = local.write_rules(tmp_path / "rules", time_scale=time_scale, min_range=3)
+        # Every runbook_url at this exporter's /runbook, as the shipped rules point at localhost:9945.
+        self.runbook_url = f"{self.exporter.url}/runbook"
+        rules = local.write_rules(tmp_path / "rules", time_scale=time_scale, min_range=3, runbook_url=self.runbook_url)
         config = local.prometheus_config(f"127.0.0.1:{self.exporter.port}", f"127.0.0.1:{self.alertmanager.port}",
                                          rules, interval="1s")
         # Prometheus learns its Alertmanager up to 5 s after start; alerts fired before are resent soon.

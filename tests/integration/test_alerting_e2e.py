@@ -125,7 +125,9 @@ def test_lr_too_high_run_posts_the_diagnosis_with_its_fix_to_slack(stack):
     assert re.search(r"Run e2e/lr-too-high: actor/pg_clipfrac is (7\d|8\d)(\.\d+)?%"
                      r" with actor/ppo_kl above 0\.05", text)
     assert "Fix: Halve `actor_rollout_ref.actor.optim.lr`" in text
-    assert "RUNBOOK.md#verllearningratetoohigh" in text
+    assert f"Runbook: {stack.runbook_url}#verllearningratetoohigh" in text
+    status, runbook = http_get(stack.runbook_url)  # the link resolves: the exporter serves the runbook
+    assert status == 200 and "### VerlLearningRateTooHigh" in runbook
     assert attachment["color"] == "warning"
 
 
@@ -140,7 +142,7 @@ def test_stalled_run_pages_pagerduty_and_mutes_its_warnings(stack):
     alerts_text = details["custom_details"]["alerts"]
     assert re.search(r"Run e2e/lr-too-high: no new step for [\d.]+s, over 5 times its usual step time", alerts_text)
     assert "Fix: Look at the job's log tail" in alerts_text
-    assert page["links"][0]["href"].endswith("RUNBOOK.md#verltrainingstalled")
+    assert page["links"][0]["href"] == f"{stack.runbook_url}#verltrainingstalled"
     # A critical alert of the run inhibits its warnings; the lr diagnosis inhibits its single-metric alerts.
     def warnings_muted():
         alerts = {a["labels"]["alertname"]: a for a in stack.run_alerts("lr-too-high")}

@@ -136,7 +136,7 @@ def test_vmalert_alert_from_victoriametrics_reaches_alertmanager_and_slack(stack
     labels = alert["labels"]
     assert {k: labels[k] for k in ("project", "experiment", "job", "severity")} == {
         "project": "demo", "experiment": "lr-too-high", "job": "verl", "severity": "warning"}
-    assert alert["annotations"]["runbook_url"].endswith("RUNBOOK.md#verllearningratetoohigh")
+    assert alert["annotations"]["runbook_url"] == "http://localhost:9945/runbook#verllearningratetoohigh"
     assert "actor/pg_clipfrac is" in alert["annotations"]["description"]
     assert "/vmalert/" in alert["generatorURL"]  # sent by vmalert, not by a Prometheus
 
