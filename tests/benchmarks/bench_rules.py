@@ -25,7 +25,8 @@ import yaml
 from common import REPO, BenchmarkError, Result, Row, metrics_text, sample_values, scrape, summary, wait_for
 
 NAME = "rules"
-RULE_FOLDERS = ("alerts", "prometheus")
+# Where a commit keeps its rule files: the package data now, alerts/ and prometheus/ before.
+RULE_FOLDERS = ("exporter/verl_exporter/data/rules", "alerts", "prometheus")
 
 
 def _is_rule_file(text: str) -> bool:
@@ -37,19 +38,10 @@ def _is_rule_file(text: str) -> bool:
 
 
 def shipped_rule_files() -> list[Path]:
-    """YAML files under alerts/ and prometheus/ that are Prometheus rule files (have ``groups``)."""
-    found = []
-    for folder in RULE_FOLDERS:
-        for path in sorted((REPO / folder).rglob("*.y*ml")):
-            if "test" in path.stem:
-                continue
-            try:
-                text = path.read_text()
-            except OSError:
-                continue
-            if _is_rule_file(text):
-                found.append(path)
-    return found
+    """The alert and recording rules the package ships."""
+    from verl_exporter import shipped
+
+    return shipped.rule_files()
 
 
 def reference_rule_files(revision: str, folder: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from unittest import mock
 import pytest
 
 from servers import REPO, prom_query, start_exporter, start_prometheus, wait_until
+from verl_exporter import shipped
 
 RUN = {"project": "demo", "experiment": "healthy"}
 SELECTOR = 'project="demo", experiment="healthy"'
@@ -53,7 +54,7 @@ def cluster(tmp_path_factory):
                 "scrape_configs": [{"job_name": "verl", "static_configs": [
                     {"targets": [f"127.0.0.1:{e.port}" for e in exporters.values()]}]}],
             }
-            with start_prometheus(tmp, config, rule_files=[REPO / "prometheus" / "recording-rules.yml"]) as prom:
+            with start_prometheus(tmp, config, rule_files=[shipped.recording_rules_file()]) as prom:
                 wait_until(lambda: prom_query(prom, f"project_experiment:verl_gpus:count{{{SELECTOR}}} == 24"),
                            timeout=60, message="24 GPUs attributed to the run")
                 yield prom, {name: f"127.0.0.1:{e.port}" for name, e in exporters.items()}
