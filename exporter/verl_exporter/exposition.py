@@ -3,9 +3,13 @@
 The Prometheus text format (plain or gzip) is rendered in parts: a collector that keeps its text
 (``text_parts()``, the training collector, which renders each run once per change) hands over
 parts; every other collector's families are written by client_python's own writer, so the bytes
-are the ones ``generate_latest`` would give. Concurrent text scrapes share one rendering. A
-client that asks for OpenMetrics only, or for some names (``name[]``), gets client_python's
-encoders over the same collectors (the registry below), fed by the same per-run families.
+are the ones ``generate_latest`` would give. A client that asks for OpenMetrics only, or for some
+names (``name[]``), gets client_python's encoders over the same collectors' families (one
+collection of the registry below), fed by the same per-run families.
+
+Every path shares its rendering: concurrent requests for the same format and names get one body,
+rendered after each of them arrived, so N clients cost about one rendering a round whatever they
+ask for.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from typing import Callable, Iterable
+from collections import OrderedDict
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
@@ -108,18 +113,20 @@ def prefer_text_format(accept: str) -> str:
 
 
 class NameFilter:
-    """The samples of ``registry`` named in ``names`` (``?name[]=...``, as client_python's server).
+    """The samples of ``families`` (a registry, or a list of collected families) named in
+    ``names`` (``?name[]=...``, as client_python's server).
 
     A family's own name selects all its samples too. Unlike ``restricted_registry``, this also
     finds families that no collector describes up front, such as the training metrics.
     """
 
-    def __init__(self, registry: CollectorRegistry, names: Iterable[str]):
-        self.registry = registry
+    def __init__(self, families: CollectorRegistry | list[Metric], names: Iterable[str]):
+        self.families = families
         self.names = set(names)
 
     def collect(self) -> Iterable[Metric]:
-        for family in self.registry.collect():
+        families = self.families.collect() if isinstance(self.families, CollectorRegistry) else self.families
+        for family in families:
             if family.name in self.names:
                 yield family
                 continue
@@ -130,13 +137,62 @@ class NameFilter:
                 yield kept
 
 
+class _Collected:
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+class _Round:
+    """One rendering (``value``, begun at ``started``) and the bodies made from it."""
+
+    __slots__ = ("started", "value", "bodies")
+
+    def __init__(self, started: float, value: Any):
+        self.started, self.value = started, value
+        self.bodies: dict[bool, bytes] = {}
+
+
+class _Shared:
+    """A rendering that requests share: one that began after a request arrived serves it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.round: _Round | None = None
+
+    def get(self, arrived: float, make: Callable[[], tuple[float, Any]]) -> _Round:
+        """The current round if it began at or after ``arrived``, else a new one from ``make()``
+        (its start time and value); concurrent callers wait for one another's rendering."""
+        with self.lock:
+            if self.round is None or self.round.started < arrived:
+                self.round = None  # the old rendering is not kept while the new one is made
+                self.round = _Round(*make())
+            return self.round
+
+    def body(self, arrived: float, make: Callable[[], tuple[float, Any]], compressed: bool,
+             encode: Callable[[Any, bool], bytes]) -> bytes:
+        """The body of a round at least as new as ``arrived``: ``encode(value, compressed)``, once per round."""
+        current = self.get(arrived, make)
+        with self.lock:
+            body = current.bodies.get(compressed)
+            if body is None:
+                body = current.bodies[compressed] = encode(current.value, compressed)
+            return body
+
+
 class Exposition:
     """What a scrape gets, from ``collectors`` (served in this order).
 
-    ``text(compressed)`` is the text format, rendered after the call began and shared by the
-    scrapes that wait for the same rendering, so N scrapers cost about one rendering a round.
-    ``encode(accept, names)`` picks the format as client_python does.
+    ``text(compressed)`` is the text format, rendered after the call began (or after ``arrived``)
+    and shared by the scrapes that wait for the same rendering, so N scrapers cost about one
+    rendering a round. ``encode(accept, names)`` picks the format as client_python does; the
+    OpenMetrics and filtered bodies are shared the same way, keyed by format and names, over one
+    shared collection of the registry.
     """
+
+    MAX_SHARED_KEYS = 16  # (format, names) bodies kept; the least recently used is dropped
 
     def __init__(self, collectors: Iterable, clock: Callable[[], float] = time.monotonic,
                  render: Callable[[list], list[Part]] = text_parts):
@@ -146,38 +202,56 @@ class Exposition:
             self.registry.register(collector)
         self.clock = clock
         self.render = render
-        self._lock = threading.Lock()
-        self._parts: list[Part] | None = None
-        self._bodies: dict[bool, bytes] = {}
-        self._started = float("-inf")
+        self._text = _Shared()
+        self._families = _Shared()
+        self._keys_lock = threading.Lock()
+        self._encoded: OrderedDict[tuple, _Shared] = OrderedDict()
 
     def parts(self) -> list[Part]:
         """The text format in parts, rendered now (not shared)."""
         return self.render(self.collectors)
 
-    def text(self, compressed: bool = False) -> bytes:
-        """The text format (gzipped with ``compressed``), rendered after this call began."""
-        arrived = self.clock()
-        with self._lock:
-            if self._parts is None or self._started < arrived:
-                started = self.clock()
-                self._parts, self._bodies = None, {}
-                self._parts, self._started = self.render(self.collectors), started
-            body = self._bodies.get(compressed)
-            if body is None:
-                body = self._bodies[compressed] = join(self._parts, compressed)
-            return body
+    def text(self, compressed: bool = False, arrived: float | None = None) -> bytes:
+        """The text format (gzipped with ``compressed``), rendered after this call began (or after
+        ``arrived``, a time of ``clock``)."""
+        arrived = self.clock() if arrived is None else arrived
+        return self._text.body(arrived, lambda: (self.clock(), self.render(self.collectors)), compressed, join)
+
+    def families(self, arrived: float | None = None) -> list[Metric]:
+        """The registry's families, collected after this call began (or after ``arrived``), shared."""
+        arrived = self.clock() if arrived is None else arrived
+        return self._families.get(arrived, lambda: (self.clock(), list(self.registry.collect()))).value
 
     def encode(self, accept: str, names: list[str] | None = None,
-               compressed: bool = False) -> tuple[bytes, str]:
+               compressed: bool = False, arrived: float | None = None) -> tuple[bytes, str]:
         """(body, content type) for a client that sends ``accept`` and asks for ``names`` (all
-        when None); gzipped with ``compressed``."""
+        when None); gzipped with ``compressed``; rendered after ``arrived`` (default: now)."""
+        arrived = self.clock() if arrived is None else arrived
         try:
             encoder, content_type = choose_encoder(prefer_text_format(accept))
         except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
             encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
         if encoder is generate_latest and not names:
-            return self.text(compressed), content_type
-        source = NameFilter(self.registry, names) if names else self.registry
-        body = encoder(source)
-        return (gzip.compress(body, compresslevel=1) if compressed else body), content_type
+            return self.text(compressed, arrived), content_type
+        wanted = tuple(sorted(set(names))) if names else None
+        shared = self._shared((content_type, wanted))
+
+        def make() -> tuple[float, bytes]:
+            collected = self._families.get(arrived, lambda: (self.clock(), list(self.registry.collect())))
+            source = NameFilter(collected.value, wanted) if wanted else _Collected(collected.value)
+            return collected.started, encoder(source)
+
+        body = shared.body(arrived, make, compressed,
+                           lambda value, gz: gzip.compress(value, compresslevel=1) if gz else value)
+        return body, content_type
+
+    def _shared(self, key: tuple) -> _Shared:
+        with self._keys_lock:
+            shared = self._encoded.get(key)
+            if shared is None:
+                shared = self._encoded[key] = _Shared()
+                while len(self._encoded) > self.MAX_SHARED_KEYS:
+                    self._encoded.popitem(last=False)
+            else:
+                self._encoded.move_to_end(key)
+            return shared

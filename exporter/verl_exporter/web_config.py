@@ -85,23 +85,42 @@ class WebConfig:
     _cache: "_AuthCache" = field(default_factory=lambda: _AuthCache(), compare=False, repr=False)
 
     def check_password(self, user: str, password: str) -> bool:
-        """True if ``user`` has ``password``; a verified pair is cached, so scrapes skip bcrypt."""
+        """True if ``user`` has ``password``. A verified pair is kept (failures never push it out),
+        so scrapes skip bcrypt; bcrypt runs one check at a time with at most ``BCRYPT_SLOTS``
+        waiting, and a check past them is refused at once (False, not remembered). An unknown user
+        costs a bcrypt of the same cost as the users' hashes, so a wrong name takes as long as a
+        wrong password."""
         if not self.users:
             return True
-        hashed = self.users.get(user)
-        name = user.encode("utf-8", "surrogatepass")
-        key = hashlib.sha256(len(name).to_bytes(8, "big") + name + password.encode("utf-8", "surrogatepass")).digest()
+        key = self._cache.key(user, password)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        with self._cache.bcrypt_lock:  # bcrypt is CPU-bound: one at a time
-            try:
-                ok = bcrypt.checkpw(password.encode("utf-8", "surrogatepass"), hashed or _FAKE_HASH)
-            except ValueError:
-                ok = False
+        if not self._cache.slots.acquire(blocking=False):
+            return False  # bcrypt is busy with a queue of checks already: refuse, do not wait
+        try:
+            with self._cache.bcrypt_lock:  # bcrypt is CPU-bound: one at a time
+                cached = self._cache.get(key)  # verified while this one waited
+                if cached is not None:
+                    return cached
+                hashed = self.users.get(user)
+                try:
+                    ok = bcrypt.checkpw(password.encode("utf-8", "surrogatepass"),
+                                        hashed or self._cache.dummy_hash(self.users))
+                except ValueError:
+                    ok = False
+        finally:
+            self._cache.slots.release()
         ok = ok and hashed is not None
         self._cache.set(key, ok)
         return ok
+
+    def cached_password(self, user: str, password: str) -> bool | None:
+        """What :meth:`check_password` would answer without running bcrypt: True or False when
+        this pair was checked before, None when it needs bcrypt."""
+        if not self.users:
+            return True
+        return self._cache.get(self._cache.key(user, password))
 
     def describe(self) -> str:
         parts = [f"TLS {'on' if self.tls_context else 'off'}",
@@ -111,26 +130,48 @@ class WebConfig:
         return "; ".join(parts)
 
 
-class _AuthCache:
-    """The last ``size`` (user, password) checks, keyed by a digest, never the password itself."""
+BCRYPT_SLOTS = 4  # bcrypt checks running or waiting at once; more are refused without one
 
-    def __init__(self, size: int = 100):
-        self.size = size
+
+class _AuthCache:
+    """Checked (user, password) pairs, keyed by a digest, never the password itself: up to
+    ``size`` verified pairs and, apart from them, up to ``failures`` refused ones, each kept
+    least recently used first, so a flood of wrong passwords cannot push a good one out."""
+
+    def __init__(self, size: int = 100, failures: int = 1000):
+        self.size, self.failures = size, failures
         self.bcrypt_lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(BCRYPT_SLOTS)
         self._lock = threading.Lock()
-        self._items: OrderedDict[bytes, bool] = OrderedDict()
+        self._items: dict[bool, OrderedDict[bytes, bool]] = {True: OrderedDict(), False: OrderedDict()}
+        self._dummy: bytes | None = None
+
+    @staticmethod
+    def key(user: str, password: str) -> bytes:
+        name = user.encode("utf-8", "surrogatepass")
+        return hashlib.sha256(len(name).to_bytes(8, "big") + name + password.encode("utf-8", "surrogatepass")).digest()
 
     def get(self, key: bytes) -> bool | None:
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-            return self._items.get(key)
+            for value, items in self._items.items():
+                if key in items:
+                    items.move_to_end(key)
+                    return value
+            return None
 
     def set(self, key: bytes, value: bool) -> None:
         with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            items = self._items[value]
+            items[key] = value
+            while len(items) > (self.size if value else self.failures):
+                items.popitem(last=False)
+
+    def dummy_hash(self, users: dict[str, bytes]) -> bytes:
+        """A hash no password matches, of the highest cost among ``users``' hashes."""
+        if self._dummy is None:
+            cost = max((int(hashed.split(b"$")[2]) for hashed in users.values()), default=10)
+            self._dummy = b"$2b$%02d$" % cost + _FAKE_HASH[7:]
+        return self._dummy
 
 
 def load(path: str | None) -> WebConfig:
