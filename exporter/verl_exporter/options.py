@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,6 +375,8 @@ def load_options(argv: list[str]) -> Options:
         try:
             values[option.name] = option.parse(value)
         except ValueError as exc:
+            if where.startswith("options file"):
+                raise OptionsError(_file_value_error(path, from_file, option.flag, exc)) from None
             raise OptionsError(f"{where} {exc}".replace("\n", " ")) from None
     return Options(**values)
 
@@ -383,20 +386,84 @@ def log_level(options: Options) -> str:
     return {"warn": "WARNING"}.get(options.log_level, options.log_level.upper())
 
 
+MAX_OPTIONS_FILE_BYTES = 256 << 10  # an options file is a few dozen lines
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+class _OptionsFile(dict):
+    """The options file's mapping, and the line each option is set on (``line(flag)``)."""
+
+    def __init__(self, data: dict, lines: dict[str, int]):
+        super().__init__(data)
+        self.lines = lines
+
+    def line(self, flag: str) -> int | None:
+        return self.lines.get(flag)
+
+
+def _file_value_error(path: str | None, from_file: dict, flag: str, exc: ValueError) -> str:
+    """What is wrong with an option the file sets: the option and its line, never the value (a file
+    symlinked to a secret must not end up in the log)."""
+    line = from_file.line(flag) if isinstance(from_file, _OptionsFile) else None
+    reason = _QUOTED.sub("...", str(exc).split(", not ", 1)[0])
+    return f"options file {path}: {flag} {reason}{f' (line {line})' if line else ''}".replace("\n", " ")
+
+
+def _read_bounded(path: str) -> bytes:
+    """At most ``MAX_OPTIONS_FILE_BYTES`` of the regular file ``path``: a FIFO or a device (``/dev/zero``)
+    is refused before any read, so a reload can neither block nor read without end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OptionsError(f"cannot read options file {path}: not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_OPTIONS_FILE_BYTES:
+            chunk = os.read(fd, MAX_OPTIONS_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_OPTIONS_FILE_BYTES:
+        raise OptionsError(f"cannot read options file {path}: larger than {MAX_OPTIONS_FILE_BYTES} bytes")
+    return b"".join(chunks)
+
+
 def _read_file(path: str | None) -> dict:
+    """The options file's mapping (with the line of each option). Error messages name the file, the
+    line and the option, never what the file holds."""
     if not path:
         return {}
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OptionsError(f"cannot read options file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = _read_bounded(path).decode("utf-8")
+    except OSError as exc:
+        raise OptionsError(f"cannot read options file {path}: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise OptionsError(f"cannot read options file {path}: not UTF-8 (byte {exc.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
-        raise OptionsError(f"options file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise OptionsError(f"options file {path} is not valid YAML{line}") from None
+    except RecursionError:
+        raise OptionsError(f"options file {path} is nested too deeply") from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise OptionsError(f"options file {path}: want a mapping of options, got {type(data).__name__}")
-    unknown = sorted(map(str, set(data) - set(_BY_FLAG)))
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, _ in node.value:
+            lines.setdefault(str(getattr(key, "value", "")), key.start_mark.line + 1)
+    unknown = sorted(lines.get(str(key), 0) for key in data if key not in _BY_FLAG)
     if unknown:
-        raise OptionsError(f"options file {path}: unknown option(s) {', '.join(unknown)}")
-    return data
+        where = ", ".join(f"line {line}" for line in unknown[:10])
+        raise OptionsError(f"options file {path}: unknown option(s) at {where}")
+    return _OptionsFile(data, lines)
