@@ -22,7 +22,6 @@ import re
 import stat
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import yaml
