@@ -457,7 +457,7 @@ def _read_file(path: str | None) -> dict:
         return {}
     if not isinstance(data, dict):
         raise OptionsError(f"options file {path}: want a mapping of options, got {type(data).__name__}")
-    lines = {}
+    lines: dict[str, int] = {}
     if isinstance(node, yaml.MappingNode):
         for key, _ in node.value:
             lines.setdefault(str(getattr(key, "value", "")), key.start_mark.line + 1)
