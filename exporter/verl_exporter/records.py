@@ -7,14 +7,17 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 # Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
 DropCounter = Callable[[str], None]
+V = TypeVar("V")
 # How long verl says a step took (timing/step before 0.4; perf/time_per_step in its throughput keys).
 STEP_DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
 # How long verl says a step's checkpoint save took (logged in the step after the save).
 CHECKPOINT_SAVE_KEYS = ("timing_s/save_checkpoint", "timing/save_checkpoint")
 MAX_STEP = 1 << 53  # beyond this a step is no longer exact as a float sample value
+MAX_KEY_CHARS = 256  # of a logged key (verl's longest are under 80: val-core/<data source>/<var>/<stat>)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -42,6 +45,8 @@ class Record:
     ``local_global_step_folder: .../global_step_N`` line); the run's next step ends the save. And so
     does one with an ``error``: a line of the log reports an error of that kind (``sources.errors``),
     ``line`` is its text.
+    A record feeds its run only if it comes from the source that first fed the run, or is ``named``:
+    its file or its run was named by the operator, not found by a glob (see ``RunStore.ingest``).
     """
 
     run: RunKey
@@ -55,6 +60,18 @@ class Record:
     checkpoint_step: int | None = None
     error: str | None = None
     line: str = ""
+    named: bool = False  # the operator named the file (a path, not a glob's match) or the run (flags)
+
+
+def drop_long_keys(values: Mapping[str, V], dropped: DropCounter | None) -> Mapping[str, V]:
+    """``values`` without the keys longer than ``MAX_KEY_CHARS``, each counted as ``key_too_long``."""
+    if not values or max(map(len, values)) <= MAX_KEY_CHARS:
+        return values
+    kept = {key: value for key, value in values.items() if len(key) <= MAX_KEY_CHARS}
+    if dropped is not None:
+        for _ in range(len(values) - len(kept)):
+            dropped("key_too_long")
+    return kept
 
 
 def is_event(record: Record) -> bool:

@@ -188,7 +188,8 @@ TRAINING_RUN = _by_key(
     ("nonfinite", _counter("verl_training_nonfinite_values", "NaN or Inf values logged by the run, per verl key.",
                            (*RUN, "key"))),
     ("dropped", _counter("verl_training_series_dropped",
-                         "verl keys of the run not exported because the run reached its series cap.", RUN)),
+                         "verl keys of the run not exported because the run reached its series cap (distinct keys, "
+                         "counted without keeping them: estimated beyond a few thousand).", RUN)),
     ("info", _gauge("verl_training_run_info", "A followed run and the file it is read from.", (*RUN, "source"))),
     ("started_time", _gauge("verl_training_started_timestamp_seconds",
                             "Unix time at which the run's first line (its run config print or first step) was "
@@ -220,12 +221,14 @@ TRAINING_STORE = _by_key(
                               ("source",))),
     ("values_dropped", _counter(
         "verl_exporter_values_dropped",
-        "Logged values left out because they are no number (reason: not_a_number, object, list, null).",
+        "Logged values left out: no number (reason: not_a_number, object, list, null), a key longer than 256 "
+        "characters (key_too_long), or a record naming a run that another source feeds (other_source).",
         ("source", "reason"))),
     ("source_up", _gauge(
         "verl_exporter_source_up",
         "Whether a configured path or a glob's match can be read (1) or not (0: missing, not a regular file, "
-        "unreadable); the log says why.", ("source",))),
+        "unreadable); the log says why. At most 1000 sources by name, the rest as source=\"other\" (0 when any "
+        "of them cannot be read).", ("source",))),
     ("runs", _gauge("verl_training_runs", "Runs the exporter follows.")),
     ("runs_dropped", _counter("verl_training_runs_dropped",
                               "Records refused because the exporter reached its run cap.")),

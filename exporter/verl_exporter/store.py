@@ -21,7 +21,9 @@ reuse what it rendered of an unchanged run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
+DROPPED_SAMPLE = 16  # keys the series cap refused that a run remembers by name; the rest are counted
+DROPPED_BITS = 1 << 16  # the bitmap (8 KiB per run that drops keys) counting the others
+MAX_NAME_OWNERS = 100_000  # series names whose first key is remembered (two keys never share a series)
+OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run another source feeds
 
 
 @dataclass
@@ -73,8 +79,12 @@ class RunState:
     finished: bool = False
     values: dict[str, float | str] = field(default_factory=dict)
     nonfinite: Counter = field(default_factory=Counter)
-    dropped_keys: set[str] = field(default_factory=set)
-    dropped_unremembered: int = 0  # values the cap refused once 100,000 distinct keys were remembered
+    dropped_keys: set[str] = field(default_factory=set)  # the first DROPPED_SAMPLE keys the cap refused
+    dropped_unremembered: int = 0  # the other distinct keys the cap refused (counted, not kept)
+    dropped_bits: bytearray | None = None  # of those, by hash: linear counting
+    dropped_ones: int = 0
+    owner: str = ""  # the source that first fed the run: another (matched by a glob) cannot
+    config_source: str = ""  # the config file, other than the owner, that describes the run
     room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
     logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
@@ -104,6 +114,8 @@ class RunState:
             dropped_unremembered=self.dropped_unremembered,
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
+            owner=self.owner,
+            config_source=self.config_source,
             logged_at=dict(self.logged_at),
             total_steps=self.total_steps,
             total_from_log=self.total_from_log,
@@ -117,6 +129,31 @@ class RunState:
             log_errors=Counter(self.log_errors),
             error_lines=list(self.error_lines),
         )
+
+    def drop_key(self, key: str) -> None:
+        """Count ``key``, refused by the series cap, once: the first few by name, the others in a
+        bitmap of DROPPED_BITS bits (linear counting: exact in practice up to a few thousand keys,
+        within a few percent up to ~200,000; past that each refused value counts)."""
+        sample = self.dropped_keys
+        if key in sample:
+            return
+        if len(sample) < DROPPED_SAMPLE:
+            sample.add(key)
+            return
+        bits = self.dropped_bits
+        if bits is None:
+            bits = self.dropped_bits = bytearray(DROPPED_BITS // 8)
+        if self.dropped_ones >= DROPPED_BITS - DROPPED_BITS // 256:  # saturated: no estimate left
+            self.dropped_unremembered += 1
+            return
+        slot = hash(key) % DROPPED_BITS
+        byte, bit = divmod(slot, 8)
+        if bits[byte] & (1 << bit):
+            return
+        bits[byte] |= 1 << bit
+        self.dropped_ones += 1
+        estimate = round(-DROPPED_BITS * math.log1p(-self.dropped_ones / DROPPED_BITS))
+        self.dropped_unremembered = max(self.dropped_unremembered, estimate)
 
     def finish(self, step: int) -> None:
         """The run ended at ``step``: later records of steps up to it (another source of the same
@@ -167,6 +204,9 @@ class RunStore:
         self._parse_errors: Counter = Counter()
         self._values_dropped: Counter = Counter()
         self._sources: dict[str, str | None] = {}
+        self._unreadable = 0  # of the sources, those that cannot be read
+        self._warned_sources: set[str] = set()
+        self._owners: dict[SeriesKey, str] = {}  # series -> the key (catalog key) that first took it
         self._listed = catalog.listed_keys()
         self._runs_dropped = 0
         self._lock = threading.Lock()
@@ -186,6 +226,8 @@ class RunStore:
                 state = self._new_run(record)
                 if state is None:
                     return
+            if record.source and not self._may_feed(state, record):
+                return
             self._version += 1
             state.version = self._version
             if state.started_at is None or record.time < state.started_at:
@@ -234,6 +276,30 @@ class RunStore:
                 for key, value in values.items():
                     if not isinstance(value, str) and value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
+
+    def _may_feed(self, state: RunState, record: Record) -> bool:
+        """Whether ``record`` may feed its run: it comes from the source that first fed the run, or
+        it is ``named`` (its file or run named by the operator), or it is the run's config (settings
+        and length) from the first config file that describes the run (hydra writes
+        ``.hydra/config.yaml`` apart from the log). Otherwise a file in a shared folder could name
+        itself another team's run and step or finish it: refused, counted (``values_dropped``,
+        reason other_source) and logged once per source."""
+        source, owner = record.source, state.owner
+        if not owner:
+            state.owner = source
+            return True
+        if source == owner or record.named:
+            return True
+        if record.run_config is not None and state.config_source in ("", source):
+            state.config_source = source
+            return True
+        self._count_dropped(source, OTHER_SOURCE, len(record.values) or 1)
+        if source not in self._warned_sources and len(self._warned_sources) < self.max_error_sources:
+            self._warned_sources.add(source)
+            log.warning("%s names run %s/%s, which %s feeds: its records are not taken (name the file, or "
+                        "set --project and --experiment, to read both)", source, record.run.project,
+                        record.run.experiment, owner)
+        return False
 
     def _new_run(self, record: Record) -> RunState | None:
         """A place for a run not seen yet: None for a record of a run already past its idle
@@ -343,10 +409,8 @@ class RunStore:
             if room[kind] > 0:
                 latest[key] = value
                 room[kind] -= 1
-            elif len(state.dropped_keys) < 100_000:
-                state.dropped_keys.add(key)
-            elif key not in state.dropped_keys:
-                state.dropped_unremembered += 1
+            else:
+                state.drop_key(key)
 
     def _in_family(self, key: str) -> int:
         """1 for a key of a catalog family (``val-core/...``), 0 for a key outside the catalog."""
@@ -377,12 +441,29 @@ class RunStore:
         """Whether ``source`` (a configured path or a glob's match) can be read: ``reason`` says why
         not, None when it can."""
         with self._lock:
+            self._unreadable += (reason is not None) - (self._sources.get(source) is not None)
             self._sources[source] = reason
 
     def forget_source(self, source: str) -> None:
         """``source`` is no longer matched (a glob's file went away)."""
         with self._lock:
-            self._sources.pop(source, None)
+            if source in self._sources:
+                self._unreadable -= self._sources.pop(source) is not None
+
+    def _served_sources(self) -> dict[str, str | None]:
+        """The sources' states as served: at most ``max_error_sources`` by name, the rest as one
+        ``other``, unreadable (with how many) when any of them is."""
+        sources, cap = self._sources, self.max_error_sources
+        if len(sources) <= cap:
+            return dict(sources)
+        served: dict[str, str | None] = {}
+        for name, reason in sources.items():
+            if len(served) == cap:
+                break
+            served[name] = reason
+        rest = self._unreadable - sum(reason is not None for reason in served.values())
+        served["other"] = f"{rest} more sources cannot be read" if rest else None
+        return served
 
     def snapshot(self, known: dict[RunKey, int] | None = None, since: int | None = None) -> StoreSnapshot:
         """A consistent copy of everything, for one scrape, with every series in base units.
@@ -402,7 +483,7 @@ class RunStore:
                         if known is None or known.get(key) != state.version]
                 versions = {key: state.version for key, state in self._runs.items()}
             snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped,
-                                     dict(self._values_dropped), dict(self._sources), dict(self._runs_expired),
+                                     dict(self._values_dropped), self._served_sources(), dict(self._runs_expired),
                                      self._cap_reached, versions, self._version)
         for state in runs:
             self._fill_series(state)
@@ -469,7 +550,32 @@ class RunStore:
     def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:
         """(series key, resolved metric, scale) of a verl key, cached like the catalog's lookups."""
         resolved = self.catalog.resolve(key)
-        entry = ((resolved.spec.name, resolved.label_values), resolved, resolved.spec.scale)
+        series_key = (resolved.spec.name, resolved.label_values)
+        owner = self._owners.get(series_key)
+        if owner is None and len(self._owners) < MAX_NAME_OWNERS:
+            self._owners[series_key] = resolved.spec.key
+        elif owner != resolved.spec.key and (owner is not None or not resolved.spec.known):
+            series_key, resolved = self._own_name(key, resolved)
+        entry = (series_key, resolved, resolved.spec.scale)
         if len(self._entries) < 100_000:
             self._entries[key] = entry
         return entry
+
+    def _own_name(self, key: str, resolved: Resolved) -> tuple[SeriesKey, Resolved]:
+        """A name of its own for a key whose name another key took first (``a:b`` and ``a/b`` are
+        both ``verl_a_b``): the name and a suffix from the key's hash, the same on every start, so
+        two keys' values never interleave in one series."""
+        spec = resolved.spec
+        for size in (4, 8):
+            name = f"{spec.name}_{hashlib.blake2b(key.encode('utf-8', 'replace'), digest_size=size).hexdigest()}"
+            series_key = (name, resolved.label_values)
+            owner = self._owners.get(series_key)
+            if owner is None or owner == key:
+                break
+        if owner is None and len(self._owners) < MAX_NAME_OWNERS:
+            self._owners[series_key] = key
+        own = Resolved(dataclasses.replace(spec, key=key, name=name, aliases=(), help_keys=(),
+                                           help=f"{spec.help} (logged as {key!r}, whose name {spec.name} another "
+                                                f"key has)"), resolved.label_values)
+        return series_key, own
+

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol
 
-from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
+from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path, drop_long_keys
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.console import (
     _ANSI,
@@ -36,7 +36,7 @@ from verl_exporter.sources.run_config import (
     read_config_text,
     run_names,
 )
-from verl_exporter.sources.tail import FileFollower, OpenFiles
+from verl_exporter.sources.tail import FileFollower, OpenFiles, is_literal
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 
@@ -126,6 +126,12 @@ class Source:
         self._suppressed: dict[str, int] = {}
 
     @property
+    def named(self) -> bool:
+        """Whether the operator named this source's run (``--project`` and ``--experiment``) or its
+        file (a path, not a glob): its records may feed a run another source feeds too."""
+        return bool(self.project and self.experiment) or is_literal(self.pattern)
+
+    @property
     def behind(self) -> bool:
         """True when the last poll stopped before the end of a file (a backlog is being read)."""
         return self.follower.behind
@@ -163,7 +169,7 @@ class Source:
         return ingested + self._read_config_files(written_at, now)
 
     def _ingest_lines(self, lines: list[tuple[str, str]], written_at: dict[str, float], now: float) -> int:
-        ingested = 0
+        ingested, named = 0, self.named
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
@@ -178,6 +184,7 @@ class Source:
                 continue
             if record is None:
                 continue
+            record.named = named
             try:
                 self.store.ingest(record)
             except Exception as exc:
@@ -235,7 +242,7 @@ class Source:
             if parsed is None:
                 return None
             state.last_step = parsed[0]
-            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+            return Record(state.run, parsed[0], drop_long_keys(parsed[1], state.dropped), now, source=state.path)
 
         if state.config_print is not None or "{'" in line:
             record = self._config_print(state, line, now)
@@ -253,13 +260,13 @@ class Source:
                   if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
-            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
+            return Record(state.run, parsed[0], drop_long_keys(parsed[1], state.dropped), now, source=state.path)
         if MARKER in line:
             saved = parse_checkpoint_start(line)
             if saved is not None:
                 return Record(state.run, state.last_step or 0, {}, now, source=state.path, checkpoint_step=saved)
         if after_step and state.last_step is not None:
-            values = parse_console_continuation(line, state.dropped)
+            values = drop_long_keys(parse_console_continuation(line, state.dropped) or {}, state.dropped)
             if values:
                 state.after_step = True
                 return Record(state.run, state.last_step, values, now, source=state.path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import logging
 import os
@@ -20,6 +21,79 @@ _GONE = object()  # a matched path that is no longer there: no status to report
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_OPEN_FILES = 256
+MAX_MATCHES = 10_000  # files one pattern follows
+MAX_GLOB_DIRS = 100_000  # directories one poll of a ``**`` pattern looks into
+
+
+def is_literal(pattern: str) -> bool:
+    """Whether ``pattern`` names one path: it has no glob characters, or a file of that very name
+    exists (``run[1].log``): such a path is followed as it is, not matched as a glob."""
+    return not glob.has_magic(pattern) or os.path.lexists(pattern)
+
+
+def expand(pattern: str, max_matches: int = MAX_MATCHES, max_dirs: int = MAX_GLOB_DIRS) -> tuple[list[str], bool]:
+    """(the paths ``pattern`` matches, whether a cap stopped the expansion). Like ``glob`` (names
+    starting with a dot only where the pattern's part does), but ``**`` never follows a symbolic
+    link to a directory and enters each directory once, so links to ``.`` or loops end; at most
+    ``max_matches`` paths and ``max_dirs`` directories looked into."""
+    if "**" not in pattern:
+        found: list[str] = []
+        for path in glob.iglob(pattern):
+            if len(found) == max_matches:
+                return found, True
+            found.append(path)
+        return found, False
+    parts = pattern.split(os.sep)
+    start = 0
+    while start < len(parts) and not glob.has_magic(parts[start]):
+        start += 1
+    base = os.sep.join(parts[:start]) or (os.sep if pattern.startswith(os.sep) else "")
+    found, seen, dirs = [], set(), 0
+    stack: list[tuple[str, int]] = [(base, start)]
+    while stack:
+        folder, index = stack.pop()
+        if index == len(parts):
+            if len(found) == max_matches:
+                return found, True
+            found.append(folder)
+            continue
+        part = parts[index]
+        if not glob.has_magic(part):
+            path = os.path.join(folder, part)
+            if os.path.lexists(path):
+                stack.append((path, index + 1))
+            continue
+        if dirs == max_dirs:
+            return found, True
+        dirs += 1
+        try:
+            with os.scandir(folder or ".") as entries:
+                children = [entry for entry in entries if part.startswith(".") or not entry.name.startswith(".")]
+        except OSError:
+            continue
+        if part == "**":
+            try:
+                st = os.stat(folder or ".")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino, index) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino, index))
+            stack.append((folder, index + 1))  # ** matching no directory
+            stack.extend((os.path.join(folder, entry.name), index) for entry in children
+                         if _is_dir(entry, follow=False))
+            continue
+        last = index == len(parts) - 1
+        stack.extend((os.path.join(folder, entry.name), index + 1) for entry in children
+                     if fnmatch.fnmatchcase(entry.name, part) and (last or _is_dir(entry, follow=True)))
+    return found, False
+
+
+def _is_dir(entry: os.DirEntry, follow: bool) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=follow)
+    except OSError:
+        return False
 
 
 class OpenFiles:
@@ -129,6 +203,8 @@ class FileFollower:
         self._oversize: list[tuple[str, int]] = []
         self._handles: dict[str, _Handle] = {}
         self._warned: set[str] = set()
+        self._matched: bool | None = None  # whether the glob matched anything at its last poll
+        self._capped = False
         self.status: dict[str, str | None] = {}
 
     def take_oversize(self) -> list[tuple[str, int]]:
@@ -153,7 +229,10 @@ class FileFollower:
         ``behind``, ``caught_up`` and ``status`` are set once the iteration ends."""
         self._behind = False
         status: dict[str, str | None] = {}
+        inodes = {handle.inode: path for path, handle in self._handles.items()}
         for path in sorted(set(self._matching()) | set(self._handles)):
+            if path not in self._handles and self._same_file(path, inodes):
+                continue
             out: list[tuple[str, str]] = []
             try:
                 reason = self._poll_path(path, out)
@@ -161,6 +240,9 @@ class FileFollower:
                 reason = f"cannot read it: {exc.strerror or exc}"
             if reason is not _GONE:
                 status[path] = reason
+            handle = self._handles.get(path)
+            if handle is not None:
+                inodes.setdefault(handle.inode, path)
             if out:
                 yield out
         if not glob.has_magic(self.pattern):
@@ -179,10 +261,37 @@ class FileFollower:
                     log.info("%s can be read again", display_path(path))
         self.status = status
 
+    def _same_file(self, path: str, inodes: dict[tuple[int, int], str]) -> bool:
+        """Whether ``path`` names a file another path of this pattern already follows (a symbolic
+        link, a hard link): one file is one source."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        other = inodes.get((st.st_dev, st.st_ino))
+        if other is None or other == path:
+            return False
+        self._warn(path, f"{display_path(path)} is the file {display_path(other)}, already followed")
+        return True
+
     def _matching(self) -> list[str]:
-        if glob.has_magic(self.pattern):
-            return glob.glob(self.pattern, recursive=True)
-        return [self.pattern] if os.path.lexists(self.pattern) else []
+        """The paths to follow: the pattern itself where a file has that name, else its matches
+        (bounded, see ``expand``); a glob that matches nothing is logged, once until it matches."""
+        if is_literal(self.pattern):
+            return [self.pattern] if os.path.lexists(self.pattern) else []
+        found, capped = expand(self.pattern)
+        if capped and not self._capped:
+            log.warning("%s matches more than %d files or %d directories: only the first are followed",
+                        display_path(self.pattern), MAX_MATCHES, MAX_GLOB_DIRS)
+        self._capped = capped
+        matched = bool(found)
+        if matched != self._matched:
+            if not matched:
+                log.warning("no file matches %s (yet); looked for again at every poll", display_path(self.pattern))
+            elif self._matched is not None:
+                log.info("%s matches %d file(s) now", display_path(self.pattern), len(found))
+            self._matched = matched
+        return found
 
     def _poll_path(self, path: str, out: list[tuple[str, str]]):
         """Read ``path``; None when it could be read, else why not (or _GONE)."""
