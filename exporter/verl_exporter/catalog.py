@@ -236,6 +236,12 @@ class Catalog:
                 self._cache[key] = resolved
         return resolved
 
+    def is_known(self, key: str) -> bool:
+        """Whether the catalog describes ``key`` (listed, or of a family or described pattern); a key
+        not resolved before is not cached (a key the series cap refuses must not be kept)."""
+        resolved = self._cache.get(key)
+        return (resolved or self._resolve(key)).spec.known
+
     def _resolve(self, key: str) -> Resolved:
         spec = self._by_key.get(key)
         if spec is not None:

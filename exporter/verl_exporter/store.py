@@ -405,7 +405,7 @@ class RunStore:
             if key in latest or key in listed:
                 latest[key] = value
                 continue
-            kind = in_family(key)
+            kind = in_family(key) if room[0] > 0 or room[1] > 0 else 0  # both full: no lookup, nothing cached
             if room[kind] > 0:
                 latest[key] = value
                 room[kind] -= 1
@@ -414,7 +414,7 @@ class RunStore:
 
     def _in_family(self, key: str) -> int:
         """1 for a key of a catalog family (``val-core/...``), 0 for a key outside the catalog."""
-        return 1 if self.catalog.resolve(key).spec.known else 0
+        return 1 if self.catalog.is_known(key) else 0
 
     def parse_error(self, source: str, reason: str = "") -> None:
         """Count one line of ``source`` that could not be read."""
