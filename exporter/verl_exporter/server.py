@@ -52,7 +52,7 @@ MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being writ
 PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
 CHUNK = 64 * 1024
 RENDER_THREADS = 4
-AUTH_THREADS = 4
+AUTH_THREADS = 8  # more than web_config.BCRYPT_SLOTS, so checks past the slots are refused at once
 REQUEST_TIMEOUT_SECONDS = HEADER_TIMEOUT  # the former name
 EVIDENCE_PATH = "/debug/evidence"
 RUNBOOK_PATH = "/runbook"  # the packaged RUNBOOK.md: the default base of every alert's runbook_url
@@ -190,8 +190,8 @@ class ExporterHTTPServer:
 
     def server_close(self) -> None:
         self.socket.close()
-        self.render_pool.shutdown(wait=False)
-        self.auth_pool.shutdown(wait=False)
+        self.render_pool.shutdown(wait=False, cancel_futures=True)
+        self.auth_pool.shutdown(wait=False, cancel_futures=True)
         if not self._loop.is_running():
             self._loop.close()
 
@@ -209,6 +209,8 @@ class ExporterHTTPServer:
         accepting.cancel()
         for connection in list(self.connections):
             connection.abort()
+            if connection.task is not None:
+                connection.task.cancel()
         tasks = [connection.task for connection in self.connections if connection.task is not None]
         await asyncio.gather(accepting, *tasks, return_exceptions=True)
 

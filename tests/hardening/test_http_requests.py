@@ -9,6 +9,7 @@ from hardening_helpers import jsonl, metrics_when, raw_request, value
 from servers import start_exporter, wait_until
 
 ENDPOINTS = ["/metrics", "/-/healthy", "/-/ready", "/", "/no-such-page"]
+CLOSE = b"Host: localhost\r\nConnection: close\r\n"  # one request a connection: read until the server closes
 GOOD_STATUS = {"/metrics": 200, "/-/healthy": 200, "/-/ready": 200, "/": 200, "/no-such-page": 404}
 
 
@@ -37,15 +38,16 @@ def still_serving(server) -> None:
 
 BAD_REQUESTS = {
     # name: (request template with {path}, the status line's expected code)
-    "unsupported method": (b"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello", b"501"),
-    "delete": (b"DELETE {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"501"),
+    "unsupported method": (b"POST {path} HTTP/1.1\r\n" + CLOSE + b"Content-Length: 5\r\n\r\nhello", b"501"),
+    "delete": (b"DELETE {path} HTTP/1.1\r\n" + CLOSE + b"\r\n", b"501"),
     "70 kB request line": (b"GET {path}?" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", b"414"),
     "70 kB header": (b"GET {path} HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),
-    "200 headers": (b"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n", b"431"),
+    "200 headers": (b"GET {path} HTTP/1.1\r\n" + CLOSE + b"".join(b"X-%d: y\r\n" % i for i in range(200))
+                    + b"\r\n", b"431"),
     "unknown HTTP version": (b"GET {path} HTTP/9.9\r\nHost: localhost\r\n\r\n", b"505"),
     # The request target is visible ASCII (RFC 9112); h11 refuses anything else.
-    "invalid UTF-8 in the path": (b"GET {path}\xff\xfe HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"400"),
-    "NUL in the path": (b"GET {path}\x00x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", b"400"),
+    "invalid UTF-8 in the path": (b"GET {path}\xff\xfe HTTP/1.1\r\n" + CLOSE + b"\r\n", b"400"),
+    "NUL in the path": (b"GET {path}\x00x HTTP/1.1\r\n" + CLOSE + b"\r\n", b"400"),
     "HTTP/1.1 without Host": (b"GET {path} HTTP/1.1\r\n\r\n", b"400"),
     "not HTTP at all": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 {path}\r\n\r\n", b"400"),
 }
@@ -61,13 +63,13 @@ def test_bad_requests_get_an_error_status_and_the_server_keeps_serving(exporter,
 
 
 ODD_BUT_VALID = {
-    "query string with bad percent-escapes": b"GET {path}?x=%ff%zz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-    "huge Content-Length on a GET": b"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 99999999999\r\n\r\n",
+    "query string with bad percent-escapes": b"GET {path}?x=%ff%zz HTTP/1.1\r\n" + CLOSE + b"\r\n",
+    "huge Content-Length on a GET": b"GET {path} HTTP/1.1\r\n" + CLOSE + b"Content-Length: 99999999999\r\n\r\n",
     "unparsable Accept version":
-        b"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: application/openmetrics-text; version=garbage\r\n\r\n",
-    "unparsable text/plain version": b"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: text/plain; version=abc\r\n\r\n",
-    "Accept full of commas": b"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: " + b",;=" * 5000 + b"\r\n\r\n",
-    "HEAD": b"HEAD {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        b"GET {path} HTTP/1.1\r\n" + CLOSE + b"Accept: application/openmetrics-text; version=garbage\r\n\r\n",
+    "unparsable text/plain version": b"GET {path} HTTP/1.1\r\n" + CLOSE + b"Accept: text/plain; version=abc\r\n\r\n",
+    "Accept full of commas": b"GET {path} HTTP/1.1\r\n" + CLOSE + b"Accept: " + b",;=" * 5000 + b"\r\n\r\n",
+    "HEAD": b"HEAD {path} HTTP/1.1\r\n" + CLOSE + b"\r\n",
 }
 
 
@@ -84,10 +86,12 @@ def test_metrics_negotiation(exporter):
     """Prometheus' Accept header gets the text format, an OpenMetrics-only client gets OpenMetrics."""
     prometheus_accept = (b"application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
                          b"q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
-    reply = raw_request(exporter.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: " + prometheus_accept + b"\r\n\r\n")
+    reply = raw_request(exporter.port,
+                        b"GET /metrics HTTP/1.1\r\n" + CLOSE + b"Accept: " + prometheus_accept + b"\r\n\r\n")
     assert b"Content-Type: text/plain; version=0.0.4" in reply and not reply.rstrip().endswith(b"# EOF")
     reply = raw_request(exporter.port,
-                        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n")
+                        b"GET /metrics HTTP/1.1\r\n" + CLOSE
+                        + b"Accept: application/openmetrics-text;version=1.0.0\r\n\r\n")
     assert b"Content-Type: application/openmetrics-text" in reply and reply.rstrip().endswith(b"# EOF")
 
 
@@ -136,7 +140,7 @@ def test_a_stalled_request_is_dropped_after_the_request_timeout(monkeypatch):
 
         threading.Thread(target=wait_for_close, daemon=True).start()
         wait_until(closed.is_set, timeout=10, message="the server to drop a stalled request")
-        reply = raw_request(port, b"GET /-/healthy HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        reply = raw_request(port, b"GET /-/healthy HTTP/1.1\r\n" + CLOSE + b"\r\n")
         assert status_line(reply) == b"HTTP/1.1 200 OK"
         sock.close()
     finally:
@@ -150,7 +154,7 @@ def test_many_connections_at_once(exporter):
 
     def one():
         try:
-            results.append(raw_request(exporter.port, b"GET /-/healthy HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"))
+            results.append(raw_request(exporter.port, b"GET /-/healthy HTTP/1.1\r\n" + CLOSE + b"\r\n"))
         except OSError as exc:
             results.append(repr(exc).encode())
 
@@ -185,8 +189,8 @@ ACCEPT_ENCODING = {
 
 @pytest.mark.parametrize("accept_encoding", ACCEPT_ENCODING)
 def test_accept_encoding_q_values(exporter, accept_encoding):
-    reply = raw_request(exporter.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept-Encoding: " + accept_encoding.encode()
-                        + b"\r\n\r\n")
+    reply = raw_request(exporter.port, b"GET /metrics HTTP/1.1\r\n" + CLOSE + b"Accept-Encoding: "
+                        + accept_encoding.encode() + b"\r\n\r\n")
     head, _, body = reply.partition(b"\r\n\r\n")
     assert status_line(reply) == b"HTTP/1.1 200 OK"
     assert (b"Content-Encoding: gzip" in head) is ACCEPT_ENCODING[accept_encoding], head
@@ -223,7 +227,7 @@ def test_a_failed_scrape_answers_a_generic_500_and_logs_the_detail(caplog):
 
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Failing()]))
     try:
-        reply = raw_request(http.server_address[1], b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        reply = raw_request(http.server_address[1], b"GET /metrics HTTP/1.1\r\n" + CLOSE + b"\r\n")
     finally:
         http.shutdown()
         http.server_close()
@@ -260,7 +264,8 @@ def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
             sock.close()  # a reset while the server builds its answer
         wait_until(lambda: sum("ended early" in r.getMessage() for r in caplog.records) == 3,
                    message="three dropped connections logged")
-        assert raw_request(http.server_address[1], b"GET /-/healthy HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+        reply = raw_request(http.server_address[1], b"GET /-/healthy HTTP/1.1\r\n" + CLOSE + b"\r\n")
+        assert reply.startswith(b"HTTP/1.1 200")
     finally:
         http.shutdown()
         http.server_close()
