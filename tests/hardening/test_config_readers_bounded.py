@@ -47,7 +47,7 @@ def test_an_alias_config_file_is_one_clear_error_and_other_sources_go_on(tmp_pat
     log.write_text("step:1 - actor/pg_loss:0.1\n")
     store = RunStore(default_catalog())
     for path in (bomb, log):
-        Source(str(path), store).poll()
+        Source(str(path), store).settle()
     snapshot = store.snapshot()
     assert [state.last_step for state in snapshot.runs] == [1]
     assert snapshot.parse_errors == {str(bomb): 1}

@@ -368,7 +368,7 @@ def test_a_hydra_config_yaml_is_a_source_matched_by_the_run_names(tmp_path):
     store = make_store()
     Source(str(jsonl), store).poll()
     assert store.run(RUN).finished is False  # the JSONL alone does not know the run's length
-    Source(str(tmp_path / "outputs" / "*" / ".hydra" / "config.yaml"), store).poll()
+    Source(str(tmp_path / "outputs" / "*" / ".hydra" / "config.yaml"), store).settle()
     state = store.run(RUN)
     assert (state.total_steps, state.finished) == (4, True)
     assert state.config["actor_rollout_ref.rollout.n"] == 4
@@ -379,10 +379,10 @@ def test_a_config_file_without_run_names_or_unreadable_is_counted(tmp_path):
     nameless.write_text("data:\n  train_batch_size: 8\n")
     broken.write_text("trainer: [\n")
     store = make_store()
-    Source(str(tmp_path / "*.yaml"), store).poll()
+    Source(str(tmp_path / "*.yaml"), store).settle()
     assert store.snapshot().parse_errors == {str(nameless): 1, str(broken): 1}
     store = make_store()
-    Source(str(nameless), store, project="p", experiment="e").poll()  # the flags name the run
+    Source(str(nameless), store, project="p", experiment="e").settle()  # the flags name the run
     assert store.run(RunKey("p", "e")).config == {"data.train_batch_size": 8.0}
 
 
@@ -394,7 +394,8 @@ def test_the_run_config_flag_reads_a_config_file_of_any_name_and_a_reload_keeps_
     argv = ["--config.file", str(config_file), "--run.config", str(saved), "--no-collector.gpu",
             "--no-collector.host"]
     app = Exporter(load_options(argv), argv=argv)
-    app.ingestor.poll_all()
+    for source in app.ingestor.sources:
+        source.settle()  # type: ignore[attr-defined]  # the config file is parsed on its own thread
     assert app.store.run(RUN).config["actor_rollout_ref.actor.grad_clip"] == 1.0
     source = next(iter(app.sources.values()))
     config_file.write_text(yaml.safe_dump({"source": [], "log.level": "debug"}))

@@ -12,12 +12,14 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Mapping, Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path, drop_long_keys
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
+from verl_exporter.sources.config_files import CONFIG_READER, ConfigReader, Result, signature
 from verl_exporter.sources.console import (
     _ANSI,
     is_finished_line,
@@ -28,12 +30,11 @@ from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
 from verl_exporter.sources.ingestor import Ingestor
 from verl_exporter.sources.jsonl import parse_jsonl_line
 from verl_exporter.sources.run_config import (
-    MAX_CONFIG_CHARS,
     ConfigPrint,
+    Scalar,
     flatten,
     is_verl_config,
     parse_total_steps,
-    read_config_text,
     run_names,
 )
 from verl_exporter.sources.tail import FileFollower, OpenFiles, is_literal
@@ -87,8 +88,8 @@ class _FileState:
     after_step: bool = False  # the previous console line was a step line (or its continuation)
     config_print: ConfigPrint | None = None  # verl's config print, being read
     named: bool = False  # the run's config print was read: the run has its name
-    config_lines: list[str] = field(default_factory=list)  # a config file's lines (fmt "config")
-    config_chars: int = 0
+    raw: str = ""  # the path as the system gives it (the follower's)
+    config_version: tuple | None = None  # of a config file (fmt "config"): the version last read
 
 
 class Source:
@@ -109,6 +110,7 @@ class Source:
         clock: Callable[[], float] = time.time,
         max_line_bytes: int = 1 << 20,
         open_files: OpenFiles | None = None,
+        config_reader: ConfigReader = CONFIG_READER,
     ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown log format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -122,6 +124,8 @@ class Source:
         self._files: dict[str, _FileState] = {}
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
         self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
+        self.config_reader = config_reader  # parses config files on its own thread
+        self._configs_read: deque[Result] = deque()
         self._warned_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
@@ -138,8 +142,19 @@ class Source:
 
     @property
     def caught_up(self) -> bool:
-        """True once a poll has read every line its files held (the backlog at start is ingested)."""
-        return self.follower.caught_up
+        """True once a poll has read every line its files held (the backlog at start is ingested)
+        and its config files waiting to be parsed are parsed."""
+        return self.follower.caught_up and not self._configs_read and not self.config_reader.pending(
+            self._configs_read)
+
+    def settle(self, timeout: float = 30.0) -> int:
+        """Poll until the backlog is read and the config files are parsed (or ``timeout``); the
+        records ingested. For readers of whole files and tests: the ingestor just polls."""
+        deadline, ingested = time.monotonic() + timeout, self.poll()
+        while not self.caught_up and time.monotonic() < deadline:
+            time.sleep(0.01)
+            ingested += self.poll()
+        return ingested
 
     def close(self) -> None:
         """Stop following; the store forgets this source's paths (a reload may have dropped it)."""
@@ -201,7 +216,7 @@ class Source:
 
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
-                           format_for(path, self.fmt))
+                           format_for(path, self.fmt), raw=path)
         state.dropped = lambda reason: self._count_dropped(state.path, reason)
         self._files[path] = state
         return state
@@ -234,8 +249,7 @@ class Source:
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "config":
-            self._add_config_line(state, line)
-            self._grown[state.path] = state
+            self._grown[state.raw] = state  # read again, as a whole, off the ingest path
             return None
         if state.fmt == "jsonl":
             parsed: tuple[int, Mapping[str, float | str]] | None = parse_jsonl_line(line, state.dropped)
@@ -310,18 +324,27 @@ class Source:
         state.named = True
         return Record(state.run, state.last_step or 0, {}, now, source=state.path, run_config=flat)
 
-    def _add_config_line(self, state: _FileState, line: str) -> None:
-        state.config_chars += len(line) + 1
-        if state.config_chars <= MAX_CONFIG_CHARS + 1:
-            state.config_lines.append(line)
-
     def _read_config_files(self, written_at: dict[str, float], now: float) -> int:
-        """Ingest the settings of each config file that grew in this poll; the records ingested."""
+        """Hand each config file that changed to the config reader (once per version: device,
+        inode, size, mtime); ingest the settings it has read since the last poll."""
         grown, self._grown = self._grown, {}
-        ingested = 0
         for path, state in grown.items():
+            version = signature(path)
+            if version is not None and version != state.config_version:
+                state.config_version = version
+                self.config_reader.submit(self._configs_read, path)
+        ingested = 0
+        while self._configs_read:
+            path, result = self._configs_read.popleft()
+            target = self._files.get(path)
+            if target is None:
+                continue
             try:
-                self.store.ingest(self._config_file_record(state, written_at.get(path, now)))
+                if isinstance(result, ParseError):
+                    raise result
+                record = self._config_file_record(target, result, written_at.get(path) or _written_at(path, now))
+                record.named = self.named
+                self.store.ingest(record)
                 ingested += 1
             except ParseError as exc:
                 self._reject(path, str(exc), now)
@@ -329,12 +352,9 @@ class Source:
                 self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
         return ingested
 
-    def _config_file_record(self, state: _FileState, now: float) -> Record:
-        """The settings of a config file (hydra's config.yaml, or a saved config print), read again
-        whenever it grew; the run is the config's trainer.project_name / experiment_name."""
-        if state.config_chars > MAX_CONFIG_CHARS:
-            raise ParseError(f"config file larger than {MAX_CONFIG_CHARS} characters")
-        flat = flatten(read_config_text("\n".join(state.config_lines)))
+    def _config_file_record(self, state: _FileState, flat: dict[str, Scalar], now: float) -> Record:
+        """The settings of a config file (hydra's config.yaml, or a saved config print); the run is
+        the config's trainer.project_name / experiment_name."""
         names = run_names(flat)
         if names is None and not (self.project and self.experiment):
             raise ParseError("not a verl config: no trainer.project_name and trainer.experiment_name")

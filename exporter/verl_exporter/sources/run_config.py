@@ -12,8 +12,8 @@
 
 The config is handed on flattened to dotted keys (``actor_rollout_ref.actor.clip_ratio``); the
 store keeps the settings the catalog lists. Everything is bounded: a print longer than
-``MAX_CONFIG_LINES`` lines or ``MAX_CONFIG_CHARS`` characters is a ParseError, like one that
-cannot be read.
+``MAX_CONFIG_LINES`` lines, ``MAX_CONFIG_CHARS`` characters or ``MAX_CONFIG_ITEMS`` items (rows and
+commas: what parsing costs) is a ParseError, like one that cannot be read.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _co
 
 MAX_CONFIG_LINES = 10_000
 MAX_CONFIG_CHARS = 256 << 10  # 3 times the largest config print of the real runs (84 kB, verl 0.4 GPG)
+MAX_CONFIG_ITEMS = 20_000  # rows and items (lines and commas) of a config: what parsing costs (real: < 3,000)
 MAX_CONFIG_NODES = 50_000  # mappings and leaves a config may hold (flatten stops there)
 MAX_LEAVES = 20_000
 MAX_NAME_CHARS = 1024  # of a project or experiment name
@@ -111,6 +112,7 @@ class ConfigPrint:
         self.parts: list[str] = []
         self.lines = 0
         self.chars = 0
+        self.items = 0
         self.quote = ""  # the string literal the text so far ends in
         self.opened: list[str] = []  # the brackets open at its end
         self.tail = ""  # the end of the text so far that the next line may finish (a cut name or escape)
@@ -137,8 +139,10 @@ class ConfigPrint:
             return False, None
         self.lines += 1
         self.chars += len(text)
-        if self.lines > MAX_CONFIG_LINES or self.chars > MAX_CONFIG_CHARS:
-            raise ParseError(f"config print longer than {MAX_CONFIG_LINES} lines or {MAX_CONFIG_CHARS} characters")
+        self.items += 1 + text.count(",")
+        if self.lines > MAX_CONFIG_LINES or self.chars > MAX_CONFIG_CHARS or self.items > MAX_CONFIG_ITEMS:
+            raise ParseError(f"config print longer than {MAX_CONFIG_LINES} lines, {MAX_CONFIG_CHARS} characters "
+                             f"or {MAX_CONFIG_ITEMS} items")
         text = self.tail + text
         read = _piece(text, self.quote, self.opened)
         if read is None:
@@ -289,6 +293,8 @@ def read_config_text(text: str) -> dict:
     """A config file's dict: hydra's YAML, or a saved config print (a Python dict literal)."""
     if len(text) > MAX_CONFIG_CHARS:
         raise ParseError(f"config file larger than {MAX_CONFIG_CHARS} characters")
+    if text.count("\n") + text.count(",") > MAX_CONFIG_ITEMS:  # parsing costs per item: bounded first
+        raise ParseError(f"config file of more than {MAX_CONFIG_ITEMS} items (lines and commas)")
     if text.lstrip().startswith("{'"):
         return read_literal(text)
     try:
