@@ -50,7 +50,7 @@ WRITE_TIMEOUT = 30.0  # seconds to write one answer
 MAX_CONNECTIONS = 256
 MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written
 PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
-CHUNK = 64 * 1024
+CHUNK = 128 * 1024
 RENDER_THREADS = 4
 AUTH_THREADS = 8  # more than web_config.BCRYPT_SLOTS, so checks past the slots are refused at once
 REQUEST_TIMEOUT_SECONDS = HEADER_TIMEOUT  # the former name
@@ -459,7 +459,10 @@ class _Connection:
         try:
             view = memoryview(body)
             for start in range(0, len(body), CHUNK):
-                self._write(conn.send(h11.Data(data=view[start:start + CHUNK])))  # type: ignore[arg-type]
+                # Content-Length framing: h11 hands the slice back as is, so the body is never copied
+                data = h11.Data(data=view[start:start + CHUNK])  # type: ignore[arg-type]
+                for piece in conn.send_with_data_passthrough(data) or ():
+                    self._write(piece)
                 await self._drain()
         finally:
             self.server.unpin(self, body)
