@@ -43,6 +43,9 @@ DROPPED_SAMPLE = 16  # keys the series cap refused that a run remembers by name;
 DROPPED_BITS = 1 << 16  # the bitmap (8 KiB per run that drops keys) counting the others
 MAX_NAME_OWNERS = 100_000  # series names whose first key is remembered (two keys never share a series)
 OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run another source feeds
+# A run whose feeding source wrote nothing for this long passes to the next source that names it: a
+# job resumed from a checkpoint writes a new log, often matched by the same glob.
+OWNER_HANDOVER_SECONDS = 300.0
 
 
 @dataclass
@@ -83,6 +86,7 @@ class RunState:
     dropped_unremembered: int = 0  # the other distinct keys the cap refused (counted, not kept)
     dropped_bits: bytearray | None = None  # of those, by hash: linear counting
     dropped_ones: int = 0
+    owner_at: float = 0.0  # when the owner last fed the run (by the time its lines were written)
     owner: str = ""  # the source that first fed the run: another (matched by a glob) cannot
     config_source: str = ""  # the config file, other than the owner, that describes the run
     room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
@@ -115,6 +119,7 @@ class RunState:
             nonfinite=Counter(self.nonfinite),
             dropped_keys=set(self.dropped_keys),
             owner=self.owner,
+            owner_at=self.owner_at,
             config_source=self.config_source,
             logged_at=dict(self.logged_at),
             total_steps=self.total_steps,
@@ -278,17 +283,23 @@ class RunStore:
                         state.nonfinite[key] += 1
 
     def _may_feed(self, state: RunState, record: Record) -> bool:
-        """Whether ``record`` may feed its run: it comes from the source that first fed the run, or
-        it is ``named`` (its file or run named by the operator), or it is the run's config (settings
-        and length) from the first config file that describes the run (hydra writes
+        """Whether ``record`` may feed its run: it comes from the source that feeds the run, or it is
+        ``named`` (its file or run named by the operator), or the feeding source was silent for
+        ``OWNER_HANDOVER_SECONDS`` (a resumed job's new log takes over), or it is the run's config
+        (settings and length) from the first config file that describes the run (hydra writes
         ``.hydra/config.yaml`` apart from the log). Otherwise a file in a shared folder could name
         itself another team's run and step or finish it: refused, counted (``values_dropped``,
         reason other_source) and logged once per source."""
         source, owner = record.source, state.owner
-        if not owner:
-            state.owner = source
+        if not owner or source == owner:
+            state.owner, state.owner_at = source, max(state.owner_at, record.time)
             return True
-        if source == owner or record.named:
+        if record.named:
+            return True
+        if record.run_config is None and record.time - state.owner_at >= OWNER_HANDOVER_SECONDS:
+            log.info("run %s/%s passes from %s, silent for %.0f s, to %s", record.run.project,
+                     record.run.experiment, owner, record.time - state.owner_at, source)
+            state.owner, state.owner_at = source, record.time
             return True
         if record.run_config is not None and state.config_source in ("", source):
             state.config_source = source

@@ -170,3 +170,21 @@ def test_actor_and_critic_memory_stay_apart():
                                  "critic/perf/max_memory_allocated_gb": 20.0}))
     assert {key: value / 2**30 for key, value in series(store).items()} == {
         "verl_perf_max_memory_allocated_bytes('actor',)": 40.0, "verl_perf_max_memory_allocated_bytes('critic',)": 20.0}
+
+
+def test_a_run_resumed_in_a_new_log_passes_to_it_once_the_old_log_fell_silent():
+    store = RunStore(default_catalog())
+    run = RunKey("gsm8k", "ppo")
+    store.ingest(Record(run, 10, {"actor/pg_loss": 0.1}, 1000.0, source="/logs/job-1.log"))
+    # Another file naming the run while its log is live is refused ...
+    store.ingest(Record(run, 99, {"actor/pg_loss": 9.0}, 1100.0, source="/logs/other.log"))
+    assert store.run(run).last_step == 10
+    # ... the job's own log goes on, and once it is silent for five minutes a resumed job's log takes over.
+    store.ingest(Record(run, 11, {"actor/pg_loss": 0.2}, 1200.0, source="/logs/job-1.log"))
+    store.ingest(Record(run, 9, {"actor/pg_loss": 0.3}, 1200.0 + 299, source="/logs/job-2.log"))
+    assert store.run(run).last_step == 11
+    store.ingest(Record(run, 9, {"actor/pg_loss": 0.3}, 1200.0 + 300, source="/logs/job-2.log"))
+    state = store.run(run)
+    assert state.last_step == 9 and state.values["actor/pg_loss"] == 0.3
+    store.ingest(Record(run, 12, {"actor/pg_loss": 5.0}, 1600.0, source="/logs/job-1.log"))
+    assert store.run(run).last_step == 9  # the old log is no longer the run's
