@@ -17,15 +17,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers, and
-# VictoriaMetrics with vmagent and vmalert, from Debian.
+# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers,
+# VictoriaMetrics with vmagent and vmalert, and Slurm (slurmctld, slurmd, munge, clients), from Debian.
 tools:
 	@if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
 	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v prometheus-node-exporter >/dev/null \
-	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null; then \
-	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter and victoria-metrics"; \
+	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null \
+	    || ! PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin" command -v slurmd >/dev/null \
+	    || ! PATH="$$PATH:/usr/sbin" command -v munged >/dev/null || ! command -v sbatch >/dev/null; then \
+	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter, victoria-metrics and slurm"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics >/dev/null; \
+	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics \
+	    slurmctld slurmd munge slurm-client >/dev/null; \
 	fi
 
 # The exporter following a simulated verl run (SCENARIO, default lr-too-high) with 8 fake GPUs, a
