@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .fake_nvml import FakeNvmlBackend
     from .job import JobSelector
     from .nvml import NvmlBackend
+    from .schedulers.slurm import SlurmWatcher
 
 log = logging.getLogger("verl_exporter")
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         from .alerting import generate
 
         return generate.rules_main(argv[1:])
+    if argv[:1] == ["slurm-sd"]:
+        from .schedulers import slurm_sd
+
+        return slurm_sd.main(argv[1:], log_format=LOG_FORMAT)
     signals = _Signals()
     app = None
     try:
@@ -244,6 +249,7 @@ class Exporter:
         self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
         self.gpu_backend: NvmlBackend | FakeNvmlBackend | None = None
         self.job: JobSelector | None = None
+        self.slurm: SlurmWatcher | None = self._slurm() if options.slurm else None
         collectors = self._collectors()
         self.forensics = self._forensics(collectors["node"]) if options.forensics else None
         scratch = CollectorRegistry()  # client_python's collectors register themselves somewhere
@@ -267,14 +273,24 @@ class Exporter:
         return Source(pattern, self.store, fmt=fmt, project=options.project, experiment=options.experiment,
                       open_files=self.open_files)
 
+    def _slurm(self) -> SlurmWatcher:
+        """--slurm: the watcher of this node's Slurm jobs, which follows their output itself."""
+        from .schedulers.slurm import SlurmWatcher
+
+        if self.options.job_pid is not None or self.options.job_match:
+            raise OptionsError("--slurm finds the jobs' processes itself: drop --job.pid and --job.match")
+        return SlurmWatcher(self.store, interval=lambda: self.options.slurm_poll_interval,
+                            source_interval=self.options.source_poll_interval, open_files=self.open_files)
+
     def _collectors(self) -> dict:
         options = self.options
         collectors: dict[str, Collector] = {}
         job = None
-        if options.job_pid is not None or options.job_match:
+        if options.job_pid is not None or options.job_match or self.slurm is not None:
             from .job import JobSelector
 
-            job = self.job = JobSelector(pid=options.job_pid, match=options.job_match)
+            job = self.job = JobSelector(pid=options.job_pid, match=options.job_match,
+                                         pids=self.slurm.pids if self.slurm is not None else None)
         if options.collector_training:
             from .collectors.training import TrainingCollector
 
@@ -303,8 +319,25 @@ class Exporter:
         if options.collector_host:
             from .collectors.host import HostCollector
 
-            collectors["host"] = HostCollector(job=job)
+            # Under --slurm, verl_job_running is per run (the job info collector's), not the node's.
+            collectors["host"] = HostCollector(job=job if self.slurm is None else None)
+        job_info = self._job_info()
+        if job_info is not None:
+            collectors["job_info"] = job_info
         return collectors
+
+    def _job_info(self) -> Collector | None:
+        """verl_job_info: the Slurm jobs of --slurm, or the Kubernetes pod the environment names."""
+        from .collectors.job_info import JobInfoCollector
+
+        if self.slurm is not None:
+            return JobInfoCollector(self.slurm.rows, serves_running=True)
+        from .schedulers.kubernetes import KubernetesPod, KubernetesRuns
+
+        pod = KubernetesPod.from_env()
+        if pod is None:
+            return None
+        return JobInfoCollector(KubernetesRuns(pod, self.store).rows)
 
     def _forensics(self, node):
         """Evidence on a stall, with the job, GPU backend and node runs the collectors use."""
@@ -350,7 +383,7 @@ class Exporter:
 
     def start(self, address: tuple[str, int]) -> None:
         """Listen first, then read the sources' backlogs in the background (/-/ready says when done)."""
-        if not self.ingestor.sources and self.options.collector_training:
+        if not self.ingestor.sources and self.options.collector_training and self.slurm is None:
             log.warning("no --source given: serving GPU and host metrics only")
         self.server, _ = serve(address, self.exposition, self.options.web_telemetry_path, ready=self.ready,
                                web=self.web, evidence=self.forensics.evidence if self.forensics is not None else None)
@@ -359,6 +392,8 @@ class Exporter:
         if self.ingestor.sources:
             log.info("reading what the sources hold")
         self.ingestor.start()
+        if self.slurm is not None:
+            self.slurm.start()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "start"):
             self.gpu_backend.start()
         if self.forensics is not None:
@@ -377,6 +412,8 @@ class Exporter:
             self.server.shutdown()
             self.server.server_close()
         self.ingestor.stop()
+        if self.slurm is not None:
+            self.slurm.stop()
         if self.forensics is not None:
             self.forensics.stop()
         if self.gpu_backend is not None and hasattr(self.gpu_backend, "stop"):

@@ -1,4 +1,5 @@
-"""Which processes are the training job: a pid and its child tree, or command lines matching a regex.
+"""Which processes are the training job: a pid and its child tree, command lines matching a regex,
+or the pids a scheduler watcher found (``pids``: every Slurm job's processes on the node).
 
 The GPU collector uses the job's pids to sum its GPU memory; the host collector sums its RSS,
 CPU time, threads and open files. Processes that exit between two looks are simply dropped.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import psutil
 
@@ -25,8 +26,10 @@ class JobSelector:
         *,
         cache_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        pids: Callable[[], Iterable[int]] | None = None,
     ):
         self.pid = pid
+        self.found_pids = pids  # asked at each look: the jobs' processes come and go
         self.pattern = re.compile(match) if match else None
         self._psutil = psutil_module
         self.cache_seconds = cache_seconds
@@ -37,7 +40,7 @@ class JobSelector:
 
     @property
     def configured(self) -> bool:
-        return self.pid is not None or self.pattern is not None
+        return self.pid is not None or self.pattern is not None or self.found_pids is not None
 
     def running(self) -> bool:
         return bool(self.processes())
@@ -60,6 +63,8 @@ class JobSelector:
                 roots.append(root)
         if self.pattern is not None:
             roots.extend(self._matching(self.pattern))
+        if self.found_pids is not None:
+            roots.extend(self._processes(self.found_pids()))
         own = os.getpid()  # never count the exporter, even when it runs as a child of the job
         found: dict[int, Any] = {}
         for root in roots:
@@ -80,6 +85,15 @@ class JobSelector:
             except (ps.NoSuchProcess, ps.AccessDenied):
                 return None
         return self._root
+
+    def _processes(self, pids: Iterable[int]) -> list:
+        ps, found = self._psutil, []
+        for pid in sorted(set(pids)):
+            try:
+                found.append(ps.Process(pid))
+            except (ps.NoSuchProcess, ps.AccessDenied):
+                continue
+        return found
 
     def _matching(self, pattern: re.Pattern[str]) -> list:
         matches = []

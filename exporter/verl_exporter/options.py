@@ -259,6 +259,13 @@ class Options:
         "job.pid", Count(), None, "PID of the training job; its child processes count too")
     job_match: str | None = _option(
         "job.match", Text("REGEX", check=_regex), None, "regular expression on the command line of the job's processes")
+    slurm: bool = _option(
+        "slurm", SWITCH, False, "daemon mode for a Slurm compute node: find every Slurm job running on it (its "
+        "processes' SLURM_JOB_ID or job cgroup), follow the output files scontrol names for it without --source, "
+        "and serve verl_job_info for its runs; excludes --job.pid and --job.match")
+    slurm_poll_interval: float = _option(
+        "slurm.poll-interval", Duration(positive=True), 10.0, "time between looks for Slurm jobs starting and "
+        "ending on this node (with --slurm)", reloadable=True)
     gpu_timeout: float = _option("gpu.timeout", Duration(positive=True), 2.0, "time one scrape may spend in NVML")
     gpu_pcie_throughput: bool = _option(
         "gpu.pcie-throughput", SWITCH, False, "also sample PCIe throughput (NVML takes ~20 ms per GPU and "

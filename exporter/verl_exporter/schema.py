@@ -166,6 +166,15 @@ JOB = _by_key(
     ("open_fds", _gauge("verl_job_open_fds", "Open file descriptors summed over the training job's processes.")),
 )
 
+# The scheduler's job of each run (--slurm, or a Kubernetes pod's downward API); a label a scheduler
+# lacks is "" (partition on Kubernetes, namespace and pod on Slurm).
+JOB_INFO = _by_key(
+    ("info", _gauge("verl_job_info", "The scheduler's job that writes the run (Slurm or Kubernetes); always 1.",
+                    (*RUN, "scheduler", "job_id", "job_name", "user", "partition", "namespace", "pod"))),
+    ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the scheduler gave the run's job (gpu: its index); "
+                   "always 1.", (*RUN, "gpu"))),
+)
+
 # One run's own families, in the order they are served; the run's logged metrics follow, by name.
 TRAINING_RUN = _by_key(
     ("last_step", _gauge("verl_training_last_step", "Last training step seen for the run.", RUN)),
@@ -249,6 +258,7 @@ BY_COLLECTOR: dict[str, tuple[dict[str, Family], ...]] = {
     "node": (NODE,),
     "gpu": (GPUS, JOB_GPUS),
     "host": (HOST, JOB),
+    "job_info": (JOB_INFO,),
     "training": (TRAINING_RUN, TRAINING_STORE),
 }
 

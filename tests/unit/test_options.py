@@ -80,7 +80,7 @@ DURATIONS = [option.flag for option in OPTIONS if isinstance(option.kind, Durati
 def test_the_durations():
     assert sorted(DURATIONS) == sorted([
         "store.retention", "store.idle-retention", "forensics.stall-after", "forensics.check-interval",
-        "source.poll-interval", "gpu.timeout", "simulate.interval"])
+        "source.poll-interval", "gpu.timeout", "simulate.interval", "slurm.poll-interval"])
 
 
 @pytest.mark.parametrize("flag", DURATIONS)
@@ -241,7 +241,7 @@ def test_every_option_is_typed_and_its_default_parses_as_itself():
 def test_the_reloadable_options():
     assert {option.flag for option in OPTIONS if option.reloadable} == {
         "log.level", "web.telemetry-path", "web.config.file", "source", "source.format", "source.poll-interval",
-        "project", "experiment"}
+        "project", "experiment", "slurm.poll-interval"}
 
 
 def test_help_shows_durations_and_what_sighup_reloads(capsys):

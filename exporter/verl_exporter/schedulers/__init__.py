@@ -1,0 +1,1 @@
+"""Schedulers: which job a run belongs to (Slurm, Kubernetes), and service discovery."""

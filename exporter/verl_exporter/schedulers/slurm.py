@@ -1,0 +1,466 @@
+"""``verl-exporter --slurm``: every Slurm job on this node, found by itself, followed through its output.
+
+Every ``--slurm.poll-interval`` the watcher looks through ``/proc`` for the processes of Slurm jobs
+(``SLURM_JOB_ID`` in a process's environment, read with a bound, or a cgroup path holding
+``job_<id>``), asks ``scontrol show job -d -o <id>`` once per new job for its name, user, partition,
+nodes, GPUs and output files (``StdOut``, ``StdErr``; the patterns Slurm may leave unresolved, ``%j``
+``%x`` ``%u`` ``%N`` ``%A`` ``%a`` ``%%`` and the rest, resolved here; relative to ``WorkDir``;
+``/dev/null`` is not followed) and follows those files as sources of its own, without ``--source``.
+
+A run in a job's output is named by verl's config print, else ``project`` = the job's name and
+``experiment`` = the job's id. A file that shows no verl line is followed but makes no run.
+
+When a job's processes are gone from the node, its files are read to the end and closed, and each of
+its runs that has not finished is decided: finished if it reached its last step (verl's total), or,
+for a run whose total is unknown, if Slurm says the job ``COMPLETED`` with exit code 0; otherwise the
+run stays unfinished and its ``verl_job_running`` turns 0: the alerts read it as crashed
+(``VerlTrainingJobCrashed``, ``VerlTrainingJobExited``). The last ``MAX_ENDED`` ended jobs stay served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..collectors.job_info import JobRun
+from ..records import Record, RunKey
+from ..sources import Ingestor, Source
+from ..sources.tail import OpenFiles
+
+log = logging.getLogger(__name__)
+
+MAX_ENVIRON_BYTES = 256 << 10  # of /proc/PID/environ: the kernel caps argv + env at a few MiB, jobs use less
+MAX_ENDED = 64  # ended jobs whose runs are still served (verl_job_info, verl_job_running 0)
+SCONTROL_TIMEOUT = 10.0
+END_CHECKS = 3  # looks at an ended job Slurm still calls running before its state is taken as it is
+NO_VAL = "4294967294"  # what Slurm writes for %a outside an array job
+_FINAL_OK = ("COMPLETED",)
+_STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "")
+
+
+# -- scontrol's answer -----------------------------------------------------------------------------
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """``Key=value`` pairs of ``scontrol show job -o``'s one line (a value may hold spaces: it runs
+    to the next `` Key=``); the first of a key repeated (per-node details of ``-d``) wins."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    marks = list(_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for mark, following in zip(marks, [*marks[1:], None]):
+        end = following.start() if following is not None else len(line)
+        fields.setdefault(mark.group(1), line[mark.end():end].strip())
+    return fields
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What ``scontrol show job`` says of a job."""
+
+    job_id: str
+    job_name: str = ""
+    user: str = ""
+    partition: str = ""
+    node_list: str = ""
+    batch_host: str = ""
+    work_dir: str = ""
+    std_out: str = ""
+    std_err: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    state: str = ""
+    exit_code: str = ""
+    gres_gpus: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "SlurmJob | None":
+        """The job of ``scontrol show job -o``'s output; None where it names none."""
+        fields = parse_fields(text)
+        if not fields.get("JobId"):
+            return None
+        gres = re.search(r"gpu[^\s(]*\(IDX:([^)]*)\)", fields.get("GRES", "") + " " + text)
+        return cls(
+            job_id=fields["JobId"], job_name=fields.get("JobName", ""),
+            user=re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), partition=fields.get("Partition", ""),
+            node_list=fields.get("NodeList", ""), batch_host=fields.get("BatchHost", ""),
+            work_dir=fields.get("WorkDir", ""), std_out=fields.get("StdOut", ""), std_err=fields.get("StdErr", ""),
+            array_job_id=fields.get("ArrayJobId", ""), array_task_id=fields.get("ArrayTaskId", ""),
+            state=fields.get("JobState", ""), exit_code=fields.get("ExitCode", ""),
+            gres_gpus=gpu_list(gres.group(1)) if gres else (),
+        )
+
+    @property
+    def finished_ok(self) -> bool:
+        return self.state in _FINAL_OK and self.exit_code in ("0:0", "0")
+
+    def output_files(self, hostname: str = "") -> list[str]:
+        """The files the job's batch step writes, patterns resolved, /dev/null left out, each once."""
+        paths: list[str] = []
+        for pattern in (self.std_out, self.std_err):
+            path = resolve_path(pattern, self, hostname)
+            if path is not None and path not in paths:
+                paths.append(path)
+        return paths
+
+
+_PATTERN = re.compile(r"%(\d*)([%AaJjNnstux])")
+
+
+def resolve_path(pattern: str, job: SlurmJob, hostname: str = "") -> str | None:
+    """``pattern`` (sbatch's ``--output`` grammar) with its replacement symbols resolved, relative
+    to the job's WorkDir; None for no file (empty, ``(null)``, ``/dev/null``)."""
+    if not pattern or pattern in ("(null)", "/dev/null"):
+        return None
+    if "\\" in pattern:  # sbatch: a backslash turns the replacement symbols off
+        path = pattern.replace("\\", "")
+    else:
+        node = job.batch_host or first_node(job.node_list) or hostname.split(".")[0]
+        values = {"%": "%", "j": job.job_id, "J": f"{job.job_id}.batch", "A": job.array_job_id or job.job_id,
+                  "a": job.array_task_id or NO_VAL, "N": node, "n": "0", "s": "batch", "t": "0",
+                  "u": job.user, "x": job.job_name}
+
+        def replace(match: re.Match[str]) -> str:
+            width, symbol = match.group(1), match.group(2)
+            value = values[symbol]
+            if width and symbol != "%" and value.isdigit():
+                return value.zfill(min(int(width), 10))
+            return value
+
+        path = _PATTERN.sub(replace, pattern)
+    if path == "/dev/null":
+        return None
+    if not os.path.isabs(path) and job.work_dir:
+        path = os.path.join(job.work_dir, path)
+    return os.path.normpath(path)
+
+
+def first_node(node_list: str) -> str:
+    """The first host of a Slurm host list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
+    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?", node_list.strip())
+    if not match or not match.group(1) and not match.group(2):
+        return ""
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def gpu_list(text: str) -> tuple[str, ...]:
+    """GPU indices of ``0,1``, ``0-3``, ``0-1,4`` (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, gres IDX);
+    other words (GPU UUIDs) are kept as they are."""
+    gpus: list[str] = []
+    for item in text.replace(" ", "").split(","):
+        if not item or item.lower() in ("n/a", "(null)", "nodevfiles"):
+            continue
+        low, dash, high = item.partition("-")
+        if dash and low.isdigit() and high.isdigit() and int(high) - int(low) < 1024:
+            gpus += [str(index) for index in range(int(low), int(high) + 1)]
+        else:
+            gpus.append(item)
+    return tuple(dict.fromkeys(gpus))
+
+
+def show_job(job_id: str) -> str | None:
+    """``scontrol show job -d -o <id>``'s output; None where scontrol fails (no such job any more)."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-d", "-o", job_id], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("scontrol show job %s failed: %s", job_id, exc)
+        return None
+    if done.returncode != 0:
+        log.debug("scontrol show job %s: %s", job_id, done.stderr.strip()[:200])
+        return None
+    return done.stdout
+
+
+# -- the jobs' processes on this node ------------------------------------------------------------
+
+_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+
+
+@dataclass
+class LocalJob:
+    """A job's processes on this node and the GPUs its environment names."""
+
+    pids: set[int] = field(default_factory=set)
+    gpus: tuple[str, ...] = ()
+
+
+def read_environ(path: str, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str]:
+    """The environment in ``path`` (``/proc/PID/environ``), at most ``limit`` bytes of it."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit)
+    except OSError:
+        return {}
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_JOB_GPUS", b"CUDA_VISIBLE_DEVICES"):
+            env[key.decode("ascii")] = value.decode("utf-8", "replace")
+    return env
+
+
+def scan_proc(proc_root: str = "/proc", own_pid: int | None = None) -> dict[str, LocalJob]:
+    """The Slurm jobs with a process on this node, by job id."""
+    own = os.getpid() if own_pid is None else own_pid
+    jobs: dict[str, LocalJob] = {}
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return jobs
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        base = os.path.join(proc_root, entry)
+        env = read_environ(os.path.join(base, "environ"))
+        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or _cgroup_job(os.path.join(base, "cgroup"))
+        if not job_id or not job_id.isdigit():
+            continue
+        job = jobs.setdefault(job_id, LocalJob())
+        job.pids.add(int(entry))
+        gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")
+        if gpus and (not job.gpus or "SLURM_JOB_GPUS" in env):
+            job.gpus = gpu_list(gpus)
+    return jobs
+
+
+def _cgroup_job(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(64 << 10).decode("utf-8", "replace")
+    except OSError:
+        return None
+    match = _CGROUP_JOB.search(text)
+    return match.group(1) if match else None
+
+
+# -- following the jobs --------------------------------------------------------------------------
+
+
+class JobSource(Source):
+    """A source of a job's output file: a run it holds is named by verl's config print, else
+    ``default_run`` (the job's name and id)."""
+
+    def __init__(self, pattern: str, store, *, default_run: RunKey, both_files: bool = False, **kwargs) -> None:
+        super().__init__(pattern, store, **kwargs)
+        self.default_run = default_run
+        self.both_files = both_files
+        self.siblings: list[JobSource] = []  # the job's other file (stderr apart from stdout)
+
+    @property
+    def named(self) -> bool:
+        # A job whose stdout and stderr are two files feeds one run from both; its files are Slurm's
+        # word, not a glob's match.
+        return self.both_files or super().named
+
+    def _new_state(self, path: str):
+        state = super()._new_state(path)
+        state.run = self.default_run
+        return state
+
+    def _parse(self, state, line: str, now: float):
+        if not state.named and state.last_step is None and self.siblings:
+            # The job's other file named the run (verl prints to stdout, Python's tracebacks go to
+            # stderr): this file's lines are that run's.
+            for sibling in self.siblings:
+                runs = sibling.runs()
+                if runs:
+                    state.run, state.named = sorted(runs)[0], True
+                    break
+        return super()._parse(state, line, now)
+
+    def runs(self) -> set[RunKey]:
+        """The runs its files hold: named by a config print, or with a step."""
+        try:
+            states = list(self._files.values())
+        except RuntimeError:  # the ingestor thread added a file meanwhile
+            return set()
+        return {state.run for state in states if state.named or state.last_step is not None}
+
+
+@dataclass
+class _Followed:
+    job: SlurmJob
+    local: LocalJob
+    sources: list[JobSource]
+    runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
+    ended: bool = False
+    end_checks: int = 0
+
+
+class SlurmWatcher:
+    """Finds the node's Slurm jobs and follows their output; ``rows()`` and ``pids()`` for the
+    collectors. ``refresh()`` is one look (the watcher thread calls it every interval)."""
+
+    def __init__(self, store, *, proc_root: str = "/proc", scontrol: Callable[[str], str | None] = show_job,
+                 interval: Callable[[], float] | float = 10.0, source_interval: float = 0.5,
+                 open_files: OpenFiles | None = None, hostname: str | None = None,
+                 clock: Callable[[], float] = time.time, own_pid: int | None = None):
+        self.store = store
+        self.proc_root = proc_root
+        self.scontrol = scontrol
+        self.interval = interval if callable(interval) else (lambda: float(interval))
+        self.source_interval = source_interval
+        self.open_files = open_files
+        self.hostname = hostname or socket.gethostname()
+        self.clock = clock
+        self.own_pid = own_pid
+        self.jobs: dict[str, _Followed] = {}
+        self.ended: OrderedDict[str, _Followed] = OrderedDict()
+        self.ingestor = Ingestor([], interval=source_interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    # -- what the collectors read
+
+    def pids(self) -> set[int]:
+        with self._lock:
+            return {pid for followed in self.jobs.values() for pid in followed.local.pids}
+
+    def rows(self) -> list[JobRun]:
+        with self._lock:
+            followed = [*self.jobs.values(), *self.ended.values()]
+        rows = []
+        for item in followed:
+            if not item.ended:
+                for source in item.sources:
+                    item.runs |= source.runs()
+            job = item.job
+            gpus = item.local.gpus or job.gres_gpus
+            for run in sorted(item.runs):
+                rows.append(JobRun(run.project, run.experiment, "slurm", job.job_id, job.job_name, job.user,
+                                   job.partition, gpus=gpus, running=not item.ended))
+        return rows
+
+    # -- the watcher thread
+
+    def start(self) -> None:
+        self._started = True
+        self.ingestor.start()
+        self._thread = threading.Thread(target=self._run, name="verl-exporter-slurm", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(SCONTROL_TIMEOUT + 5)
+        self.ingestor.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:  # the watcher must outlive one bad look
+                log.exception("looking for Slurm jobs failed")
+            self._stop.wait(max(0.05, self.interval()))
+
+    def refresh(self) -> None:
+        """One look: follow the jobs that appeared, end those whose processes are gone."""
+        local = scan_proc(self.proc_root, self.own_pid)
+        added: list[_Followed] = []
+        for job_id, found in local.items():
+            followed = self.jobs.get(job_id)
+            if followed is not None:
+                with self._lock:
+                    followed.local = found
+                continue
+            if job_id in self.ended:
+                continue  # a straggler of a job already ended (an epilog, a process being reaped)
+            new = self._follow(job_id, found)
+            if new is not None:
+                added.append(new)
+        gone = [followed for job_id, followed in self.jobs.items() if job_id not in local]
+        if added or gone:
+            self._swap_sources(added, gone)
+
+    def _follow(self, job_id: str, local: LocalJob) -> _Followed | None:
+        text = self.scontrol(job_id)
+        job = SlurmJob.parse(text) if text else None
+        if job is None:
+            return None  # asked again at the next look
+        paths = job.output_files(self.hostname)
+        default = RunKey(job.job_name or "slurm", job.job_id)
+        sources = [JobSource(path, self.store, default_run=default, both_files=len(paths) > 1,
+                             open_files=self.open_files) for path in paths]
+        for source in sources:
+            source.siblings = [other for other in sources if other is not source]
+        log.info("following Slurm job %s (%s, user %s): %s", job.job_id, job.job_name, job.user,
+                 ", ".join(paths) or "no output file")
+        return _Followed(job, local, sources)
+
+    def _swap_sources(self, added: list[_Followed], gone: list[_Followed]) -> None:
+        """Add the new jobs' sources and end the gone jobs, with the ingestor stopped (no two threads
+        read one source): a gone job's files are read to the end first."""
+        running = self.ingestor.running
+        self.ingestor.stop(timeout=3600.0)  # let its round finish
+        try:
+            with self._lock:
+                for followed in added:
+                    self.jobs[followed.job.job_id] = followed
+            for followed in gone:
+                self._end(followed)
+        finally:
+            sources = [source for followed in self.jobs.values() for source in followed.sources]
+            self.ingestor = Ingestor(sources, interval=self.source_interval)
+            if running or self._started:
+                self.ingestor.start()
+
+    def _end(self, followed: _Followed) -> None:
+        for source in followed.sources:
+            source.settle(timeout=2.0)
+            followed.runs |= source.runs()
+        state_text = self.scontrol(followed.job.job_id)
+        final = SlurmJob.parse(state_text) if state_text else None
+        undecided = self._decide(followed, final)
+        if undecided and final is not None and final.state in _STILL_ENDING and followed.end_checks < END_CHECKS:
+            followed.end_checks += 1
+            return  # Slurm has not settled the job's state yet: look again
+        for source in followed.sources:
+            source.close()
+        for run in undecided:
+            log.warning("Slurm job %s ended before run %s/%s finished: counted as crashed", followed.job.job_id,
+                        run.project, run.experiment)
+        with self._lock:
+            followed.ended = True
+            del self.jobs[followed.job.job_id]
+            self.ended[followed.job.job_id] = followed
+            while len(self.ended) > MAX_ENDED:
+                self.ended.popitem(last=False)
+        log.info("Slurm job %s ended (%s %s)", followed.job.job_id, final.state if final else "gone from Slurm",
+                 final.exit_code if final else "")
+
+    def _decide(self, followed: _Followed, final: SlurmJob | None) -> list[RunKey]:
+        """Finish each run of the ended job that reached its last step (or, with no known total, whose
+        job Slurm says completed with exit code 0); the runs left undecided (crashed)."""
+        undecided = []
+        for run in sorted(followed.runs):
+            state = self.store.run(run)
+            if state is None or state.finished:
+                continue
+            step, total = state.last_step, state.total_steps
+            reached = step is not None and total is not None and step >= total
+            if reached or (total is None and final is not None and final.finished_ok):
+                self.store.ingest(Record(run, step or 0, {}, self.clock(), finished=True,
+                                         source=state.owner or state.source))
+            else:
+                undecided.append(run)
+        return undecided
+
+
+def followed_paths(watcher: SlurmWatcher) -> Iterable[str]:
+    """The files the watcher follows now (for logs and tests)."""
+    return [source.pattern for followed in list(watcher.jobs.values()) for source in followed.sources]

@@ -1,0 +1,289 @@
+"""--slurm without a cluster: fixed `scontrol show job -o` outputs, fake /proc trees, real log files."""
+
+from __future__ import annotations
+
+import os
+import pprint
+from pathlib import Path
+
+import pytest
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.collectors.job_info import JobInfoCollector
+from verl_exporter.job import JobSelector
+from verl_exporter.records import RunKey
+from verl_exporter.schedulers.slurm import (
+    SlurmJob,
+    SlurmWatcher,
+    first_node,
+    gpu_list,
+    parse_fields,
+    read_environ,
+    resolve_path,
+    scan_proc,
+)
+from verl_exporter.store import RunStore
+
+PREFIX = "\x1b[36m(TaskRunner pid=7)\x1b[0m "
+CONFIG = {"trainer": {"project_name": "gsm8k", "experiment_name": "grpo-7b", "total_epochs": 1, "nnodes": 1},
+          "data": {"train_batch_size": 8}}
+
+
+def scontrol_line(job_id="42", name="grpo-qwen", user="alice(1001)", state="RUNNING", exit_code="0:0",
+                  stdout="/home/alice/runs/%x-%j.out", stderr=None, workdir="/home/alice/runs", gres=True) -> str:
+    stderr = stdout if stderr is None else stderr
+    details = " Nodes=gpu03 CPU_IDs=0-1 Mem=0 GRES=gpu:2(IDX:0-1)" if gres else ""
+    return (f"JobId={job_id} JobName={name} UserId={user} GroupId=alice(1001) MCS_label=N/A Priority=4294901759 "
+            f"Nice=0 Account=(null) QOS=normal JobState={state} Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+            f"BatchFlag=1 Reboot=0 ExitCode={exit_code} DerivedExitCode=0:0 RunTime=00:00:05 TimeLimit=UNLIMITED "
+            f"Partition=gpu AllocNode:Sid=login1:1234 ReqNodeList=(null) ExcNodeList=(null) NodeList=gpu[03-04] "
+            f"BatchHost=gpu03 NumNodes=2 NumCPUs=2 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+            f"TRES=cpu=2,node=1,billing=2,gres/gpu=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+            f"JOB_GRES=gpu:2{details} MinCPUsNode=1 Features=(null) OverSubscribe=OK Command=(null) "
+            f"WorkDir={workdir} StdErr={stderr} StdIn=/dev/null StdOut={stdout} Power=\n")
+
+
+def test_fields_of_scontrol_one_line():
+    fields = parse_fields(scontrol_line())
+    assert fields["JobId"] == "42" and fields["TRES"] == "cpu=2,node=1,billing=2,gres/gpu=2"
+    assert fields["AllocNode:Sid"] == "login1:1234" and fields["Power"] == ""
+    job = SlurmJob.parse(scontrol_line(workdir="/home/alice/my runs"))
+    assert (job.job_name, job.user, job.partition, job.work_dir) == ("grpo-qwen", "alice", "gpu", "/home/alice/my runs")
+    assert job.gres_gpus == ("0", "1") and job.batch_host == "gpu03"
+    assert SlurmJob.parse("slurm_load_jobs error: Invalid job id specified\n") is None
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("/r/%x-%j.out", "/r/grpo-qwen-42.out"),
+    ("slurm-%j.out", "/home/alice/runs/slurm-42.out"),  # relative to WorkDir
+    ("/r/%u/%N/%A_%a.log", "/r/alice/gpu03/42_4294967294.log"),
+    ("/r/100%%-%4j.log", "/r/100%-0042.log"),
+    ("/r/\\%j.log", "/r/%j.log"),  # a backslash turns the symbols off
+    ("/r/already-42.out", "/r/already-42.out"),
+    ("/dev/null", None), ("(null)", None), ("", None),
+])
+def test_output_patterns_resolve(pattern, expected):
+    assert resolve_path(pattern, SlurmJob.parse(scontrol_line())) == expected
+
+
+def test_array_jobs_and_host_lists():
+    job = SlurmJob.parse(scontrol_line().replace("JobId=42 ", "JobId=43 ArrayJobId=40 ArrayTaskId=3 "))
+    assert resolve_path("/r/%A_%a-%j", job) == "/r/40_3-43"
+    assert first_node("gpu[03-05,9],cpu1") == "gpu03" and first_node("node7") == "node7" and first_node("") == ""
+    assert gpu_list("0-2,5") == ("0", "1", "2", "5") and gpu_list("GPU-ab,GPU-cd") == ("GPU-ab", "GPU-cd")
+    assert gpu_list("N/A") == ()
+
+
+def fake_process(proc: Path, pid: int, env: dict[str, str] | None = None, cgroup: str = "0::/user.slice\n") -> None:
+    base = proc / str(pid)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (env or {}).items()) + b"\0")
+    (base / "cgroup").write_text(cgroup)
+
+
+def test_jobs_are_found_by_environment_or_cgroup_and_the_exporter_is_not(tmp_path):
+    proc = tmp_path / "proc"
+    fake_process(proc, 100, {"PATH": "/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "2,3",
+                             "CUDA_VISIBLE_DEVICES": "0,1"})
+    fake_process(proc, 101, {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "0,1"})
+    fake_process(proc, 200, {}, cgroup="0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n")
+    fake_process(proc, 300, {"HOME": "/root"})
+    fake_process(proc, 400, {"SLURM_JOB_ID": "42"})  # the exporter itself
+    (proc / "self").mkdir()
+    jobs = scan_proc(str(proc), own_pid=400)
+    assert set(jobs) == {"42", "77"}
+    assert jobs["42"].pids == {100, 101} and jobs["42"].gpus == ("2", "3")
+    assert jobs["77"].pids == {200} and jobs["77"].gpus == ()
+
+
+def test_environ_is_read_with_a_bound(tmp_path):
+    path = tmp_path / "environ"
+    path.write_bytes(b"A=" + b"x" * 1000 + b"\0SLURM_JOB_ID=5\0")
+    assert read_environ(str(path), limit=100) == {}
+    assert read_environ(str(path)) == {"SLURM_JOB_ID": "5"}
+    assert read_environ(str(tmp_path / "missing")) == {}
+
+
+class Cluster:
+    """A fake node: /proc entries, scontrol answers, the jobs' output files."""
+
+    def __init__(self, tmp_path: Path):
+        self.proc = tmp_path / "proc"
+        self.proc.mkdir()
+        self.runs = tmp_path / "runs"
+        self.runs.mkdir()
+        self.answers: dict[str, str] = {}
+        self.asked: list[str] = []
+
+    def scontrol(self, job_id: str) -> str | None:
+        self.asked.append(job_id)
+        return self.answers.get(job_id)
+
+    def start(self, job_id: str, pids=(1000,), **line) -> None:
+        line.setdefault("stdout", "%x-%j.out")  # relative to WorkDir, patterns left to resolve
+        self.answers[job_id] = scontrol_line(job_id=job_id, workdir=str(self.runs), **line)
+        for pid in pids:
+            fake_process(self.proc, pid, {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"})
+
+    def end(self, job_id: str, pids=(1000,), state="COMPLETED", exit_code="0:0") -> None:
+        for pid in pids:
+            for name in ("environ", "cgroup"):
+                (self.proc / str(pid) / name).unlink()
+            (self.proc / str(pid)).rmdir()
+        self.answers[job_id] = self.answers[job_id].replace("JobState=RUNNING", f"JobState={state}").replace(
+            "ExitCode=0:0", f"ExitCode={exit_code}")
+
+
+@pytest.fixture
+def node(tmp_path):
+    cluster = Cluster(tmp_path)
+    store = RunStore(default_catalog())
+    watcher = SlurmWatcher(store, proc_root=str(cluster.proc), scontrol=cluster.scontrol, hostname="gpu03",
+                           own_pid=os.getpid())
+    return cluster, store, watcher
+
+
+def write_log(path: Path, steps: int, total: int | None = None, config: bool = True) -> None:
+    lines = ["2024-01-02 03:04:05,678\tINFO worker.py:1 -- Started a local Ray instance."]
+    if config:
+        lines += [PREFIX + row for row in pprint.pformat(CONFIG).splitlines()]
+    if total is not None:
+        lines.append(PREFIX + f"Total training steps: {total}")
+    lines += [PREFIX + f"step:{step} - actor/pg_loss:{0.5 / step} - critic/score/mean:0.{step}"
+              for step in range(1, steps + 1)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def poll(watcher: SlurmWatcher) -> None:
+    watcher.refresh()
+    watcher.ingestor.poll_all()
+    watcher.ingestor.poll_all()
+
+
+def families(watcher: SlurmWatcher) -> dict:
+    return {family.name: family.samples for family in JobInfoCollector(watcher.rows, serves_running=True).collect()}
+
+
+def test_a_job_that_reaches_its_last_step_finishes(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=3)
+    cluster.start("42")
+    poll(watcher)
+    assert [source.pattern for f in watcher.jobs.values() for source in f.sources] == [
+        str(cluster.runs / "grpo-qwen-42.out")]
+    run = RunKey("gsm8k", "grpo-7b")  # named by the config print
+    got = families(watcher)
+    assert [s.labels for s in got["verl_job_info"]] == [{
+        "project": "gsm8k", "experiment": "grpo-7b", "scheduler": "slurm", "job_id": "42", "job_name": "grpo-qwen",
+        "user": "alice", "partition": "gpu", "namespace": "", "pod": ""}]
+    assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
+    assert [(s.labels, s.value) for s in got["verl_job_running"]] == [(
+        {"project": "gsm8k", "experiment": "grpo-7b"}, 1.0)]
+    assert watcher.pids() == {1000}
+    with open(cluster.runs / "grpo-qwen-42.out", "a") as log:  # the last step, written as the job ends
+        log.write(PREFIX + "step:3 - actor/pg_loss:0.1\n")
+    cluster.end("42")
+    watcher.refresh()
+    assert store.run(run).finished and store.run(run).last_step == 3
+    assert watcher.jobs == {} and watcher.ingestor.sources == [] and watcher.pids() == set()
+    assert [s.value for s in families(watcher)["verl_job_running"]] == [0.0]
+    assert cluster.asked == ["42", "42"]  # once when found, once when it ended
+    poll(watcher)
+    assert cluster.asked == ["42", "42"]
+
+
+def test_a_job_that_stops_early_is_counted_as_crashed(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
+    cluster.start("42")
+    poll(watcher)
+    cluster.end("42", state="FAILED", exit_code="1:0")
+    watcher.refresh()
+    state = store.run(RunKey("gsm8k", "grpo-7b"))
+    assert not state.finished and state.last_step == 2 and state.total_steps == 5
+    got = families(watcher)
+    assert [s.value for s in got["verl_job_running"]] == [0.0] and len(got["verl_job_info"]) == 1
+
+
+def test_a_run_without_config_print_is_named_by_the_job_and_its_length_unknown(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, config=False)
+    write_log(cluster.runs / "grpo-qwen-43.out", steps=2, config=False)
+    cluster.start("42", pids=(1000,))
+    cluster.start("43", pids=(1001,))
+    poll(watcher)
+    assert {(s.labels["project"], s.labels["experiment"]) for s in families(watcher)["verl_job_info"]} == {
+        ("grpo-qwen", "42"), ("grpo-qwen", "43")}
+    cluster.end("42", pids=(1000,))  # COMPLETED 0:0: finished, though verl printed no total
+    cluster.end("43", pids=(1001,), state="CANCELLED", exit_code="0:15")
+    watcher.refresh()
+    assert store.run(RunKey("grpo-qwen", "42")).finished
+    assert not store.run(RunKey("grpo-qwen", "43")).finished
+
+
+def test_an_ended_job_slurm_still_calls_running_is_looked_at_again(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, config=False)
+    cluster.start("42")
+    poll(watcher)
+    cluster.end("42", state="COMPLETING")
+    watcher.refresh()
+    assert "42" in watcher.jobs  # its state is not settled yet
+    cluster.answers["42"] = cluster.answers["42"].replace("JobState=COMPLETING", "JobState=COMPLETED")
+    watcher.refresh()
+    assert watcher.jobs == {} and store.run(RunKey("grpo-qwen", "42")).finished
+
+
+def test_a_file_without_verl_lines_and_dev_null_make_no_run(node):
+    cluster, store, watcher = node
+    (cluster.runs / "plain-44.out").write_text("hello\nTraceback (most recent call last):\nstep: nothing\n")
+    cluster.start("44", name="plain")
+    cluster.start("45", pids=(1001,), stdout="/dev/null")
+    poll(watcher)
+    assert len(watcher.jobs) == 2 and watcher.jobs["45"].sources == []
+    assert watcher.rows() == [] and store.snapshot().runs == []
+    assert families(watcher)["verl_job_info"] == []
+
+
+def test_stdout_and_stderr_apart_feed_one_run(node):
+    cluster, store, watcher = node
+    out, err = cluster.runs / "j.out", cluster.runs / "j.err"
+    write_log(out, steps=2, total=2)
+    err.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n")
+    cluster.start("46", stdout=str(out), stderr=str(err))
+    watcher.refresh()
+    watcher.ingestor.poll_all()  # stdout first: it names the run
+    state = store.run(RunKey("gsm8k", "grpo-7b"))
+    assert state.last_step == 2 and state.total_steps == 2 and state.finished
+    assert state.log_errors == {"traceback": 1}  # stderr's traceback is the run's
+    assert len(families(watcher)["verl_job_info"]) == 1
+
+
+def test_scontrol_not_answering_is_asked_again(node):
+    cluster, store, watcher = node
+    cluster.start("47")
+    del cluster.answers["47"]
+    watcher.refresh()
+    assert watcher.jobs == {}
+    cluster.answers["47"] = scontrol_line(job_id="47", workdir=str(cluster.runs))
+    watcher.refresh()
+    assert set(watcher.jobs) == {"47"}
+
+
+def test_the_job_selector_takes_the_jobs_pids():
+    own = os.getpid()
+    selector = JobSelector(pids=lambda: {own, 999_999_999})
+    assert selector.configured and selector.pids() == set()  # never the exporter itself; gone pids skipped
+    parent = os.getppid()
+    assert parent in JobSelector(pids=lambda: [parent]).pids()
+
+
+def test_slurm_excludes_job_flags_and_serves_job_info(tmp_path):
+    from verl_exporter.cli import Exporter
+    from verl_exporter.options import OptionsError, load_options
+
+    with pytest.raises(OptionsError, match="--slurm"):
+        Exporter(load_options(["--slurm", "--job.match", "python", "--gpu.fake", "healthy:2"]))
+    app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
+    assert app.slurm is not None and "job_info" in app._collectors()
+    assert load_options(["--slurm", "--slurm.poll-interval", "2s"]).slurm_poll_interval == 2.0
