@@ -9,6 +9,12 @@ figures cover all of its nodes. An exporter that reads a shared log directory (m
 than ``--node.max-runs``) serves ``verl_training_run_info`` for every run but ``verl_node_run_info``
 for none: its GPUs are not theirs, and joining them to every run would cost 1,000 series per GPU
 figure at 1,000 runs.
+
+Stragglers (VerlGpuStraggler) compare each GPU of a run with the run's other GPUs: each GPU's mean
+utilisation over ``STRAGGLER_WINDOW`` (``RUN_GPU_BUSY``), its node's mean (``RUN_NODE_BUSY``) and the
+run's median over its GPUs (a ``FIGURES`` row). Only the GPUs of targets that work for one unfinished
+run count (``SOLE_RUN``): a node shared by two runs holds GPUs of both, and no label says which GPU is
+whose, so comparing them would find the other run's GPUs "slow".
 """
 
 from __future__ import annotations
@@ -20,6 +26,49 @@ NODES = "run_instance:verl_node_run_info:unfinished"
 NODE_RUNS = "verl_node_run_info"
 # Recorded first in the same group (system.py): one series per run, 1 once finished.
 FINISHED = "project_experiment:verl_training_finished:max"
+
+
+# The window a GPU's utilisation is averaged over before it is compared with the run's: several PPO
+# steps, so that the phases of a step (generation, reference, actor update), which idle some GPUs on
+# purpose, average out.
+STRAGGLER_WINDOW = "10m"
+# The unfinished run of each target that works for exactly one.
+SOLE_RUN = "(${NODES} unless on(job, instance) count by (job, instance) (${NODES}) > 1)"
+# Per GPU (job, instance, gpu, uuid, project, experiment): its mean utilisation over the window.
+RUN_GPU_BUSY = "run_gpu:verl_gpu_utilization_ratio:avg10m"
+# Per node of a run (job, instance, project, experiment): the mean of its GPUs' figure above.
+RUN_NODE_BUSY = "run_instance:verl_gpu_utilization_ratio:avg10m"
+# Per run: the median of its GPUs' figure above (a FIGURES row).
+RUN_MEDIAN_BUSY = "project_experiment:verl_gpu_utilization_ratio:median10m"
+THRESHOLDS = {
+    # A GPU is a straggler below this share of its run's median GPU utilisation ...
+    "straggler_ratio": 0.5,
+    # ... while that median is above this (a run that keeps its GPUs busy; an input-bound run whose GPUs
+    # all idle is VerlGpusIdle's, and its spread says nothing).
+    "straggler_min_median": 0.3,
+}
+EXTRA = {"nodes": THRESHOLDS}
+# Recorded first in the same group (system.py): one series per run that has gone without a step for
+# several times its usual step time.
+STALLED_RUNS = "project_experiment:verl_training_stalled:seconds"
+# Runs that step: they took a first step and are not stalled. A stalled run (one rank hung outside a
+# collective at 0%, the others spinning in NCCL at 100%) is VerlTrainingStalled's; a run still loading
+# its models keeps some GPUs busy and others idle for reasons of its own.
+RUN_STEPPING = ("(group by (project, experiment) (verl_training_last_step_timestamp_seconds)"
+                " unless on(project, experiment) ${STALLED_RUNS})")
+# The guards of VerlGpuStraggler, each its own fragment (the unit tests drop each in turn).
+STRAGGLER_GAP = ("${RUN_GPU_BUSY} < on(project, experiment) group_left()"
+                 " (${nodes:straggler_ratio} * ${RUN_MEDIAN_BUSY})")
+STRAGGLER_BUSY_RUN = "and on(project, experiment) ${RUN_MEDIAN_BUSY} > ${nodes:straggler_min_median}"
+STRAGGLER_STEPPING = "and on(project, experiment) ${RUN_STEPPING}"
+STRAGGLER = "${STRAGGLER_GAP} ${STRAGGLER_BUSY_RUN} ${STRAGGLER_STEPPING}"
+# The run's median and the straggler's node, for the description.
+RUN_MEDIAN_QUOTED = ("{{ with printf `${RUN_MEDIAN_BUSY}{project=%q,experiment=%q}` $labels.project"
+                     " $labels.experiment | query }}, under ${nodes:straggler_ratio} times the run's median GPU"
+                     " ({{ . | first | value | humanizePercentage }}){{ end }}")
+NODE_BUSY_QUOTED = ("{{ with printf `${RUN_NODE_BUSY}{instance=%q,project=%q,experiment=%q}` $labels.instance"
+                    " $labels.project $labels.experiment | query }}; the GPUs of {{ $labels.instance }} average"
+                    " {{ . | first | value | humanizePercentage }}{{ end }}")
 
 
 def per_run(per_target: str, nodes: str = NODES) -> str:
@@ -42,10 +91,13 @@ FIGURES = (
     ("project_experiment:verl_job_processes:sum", "sum", "verl_job_processes"),
     ("project_experiment:verl_job_resident_memory_bytes:sum", "sum", "verl_job_resident_memory_bytes"),
     ("project_experiment:verl_job_running_nodes:sum", "max", "verl_job_running"),
+    (RUN_MEDIAN_BUSY, "median", RUN_GPU_BUSY),
 )
 
 
 def figure(aggregation: str, metric: str) -> str:
+    if aggregation == "median":  # of a series already attributed to runs (project, experiment)
+        return sub("quantile by (project, experiment) (0.5, ${metric})", metric=metric)
     if aggregation == "avg":
         return sub("${sum} / ${count}", sum=figure("sum", metric), count=figure("count", metric))
     return per_run(sub("${aggregation} by (job, instance) (${metric})", aggregation=aggregation, metric=metric))
@@ -56,5 +108,9 @@ def recording_rules() -> list[dict]:
     return [
         {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
+        {"record": RUN_GPU_BUSY, "expr": "avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}])"
+                                         " * on(job, instance) group_left(project, experiment) ${SOLE_RUN}"},
+        {"record": RUN_NODE_BUSY,
+         "expr": sub("avg by (job, instance, project, experiment) (${busy})", busy=RUN_GPU_BUSY)},
         *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
     ]

@@ -32,6 +32,7 @@ EXTRA_THRESHOLDS = {
     **anomaly.EXTRA,
     **mismatch.EXTRA,
     **rollout.EXTRA,
+    **nodes.EXTRA,
 }
 # ${NAME} in the definitions: the text constants of the definition modules.
 FRAGMENTS = model.fragments(model, settings, training, mismatch, system, nodes, rollout, anomaly)

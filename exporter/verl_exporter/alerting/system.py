@@ -451,6 +451,33 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
         fix="See VerlTrainingStalled; check the job's log, Ray's dashboard and the reward service.",
     ),
     Alert(
+        name="VerlGpuStraggler", severity="warning",
+        expr="${STRAGGLER}", for_="10m", held=nodes.STRAGGLER_WINDOW,
+        summary="A GPU of a run works far less than the run's other GPUs.",
+        description="Run ${RUN}: ${GPU} was busy ${PERCENT} of the last ${STRAGGLER_WINDOW}${RUN_MEDIAN_QUOTED}"
+        "${NODE_BUSY_QUOTED}.",
+        meaning="Within one run, the GPU's utilisation averaged over ${STRAGGLER_WINDOW} stays below "
+        "${nodes:straggler_ratio} of the median of the run's GPUs (over all its nodes, joined through "
+        "`verl_node_run_info`) while that median is above ${nodes:straggler_min_median} and the run steps "
+        "(it took a step and is not stalled). A data-parallel job goes at the pace of its slowest rank, so "
+        "a GPU (or a whole node, when all of its GPUs fire) that does much less than its peers is either left out of the work "
+        "(a wrong `CUDA_VISIBLE_DEVICES`, a rank that died and was not replaced, a Ray placement that put "
+        "fewer workers on the node) or held back (throttled clocks, a slow NVLink or network link, a "
+        "host starved of CPU or I/O). The phases of a PPO step idle GPUs on purpose (generation, then "
+        "the reference and actor passes; rollout and actor may sit on different GPUs), so the rule "
+        "compares averages over several steps, asks for a gap of more than half, and ignores runs whose "
+        "median GPU is nearly idle anyway (VerlGpusIdle's case) or that do not step (VerlTrainingStalled). "
+        "A node that works for two runs at once is left out: which of its GPUs belong to which run is "
+        "unknown. GPUs that a run gives to a part that idles by design (a reward model's own pool) fire "
+        "too: silence the alert for that run. Composer's HealthChecker flags a 10% spread over 120 s, "
+        "which PPO's phases exceed in healthy runs.",
+        fix="Open the run dashboard's GPU spread panel to see whether one GPU or a whole node lags. Check "
+        "the node's throttling (`nvidia-smi -q -d PERFORMANCE`, VerlGpuThrottled), its XID errors, the "
+        "processes on the GPU (`nvidia-smi`: is the rank there at all?), Ray's placement of the workers "
+        "and the node's CPU and network; drain the node and restart the run from its checkpoint if its "
+        "hardware is at fault.",
+    ),
+    Alert(
         name="VerlHostMemoryNearlyFull", severity="warning",
         expr="verl_host_memory_available_bytes / verl_host_memory_total_bytes < ${system:host_memory_available_min}",
         for_="5m",
@@ -469,7 +496,7 @@ GROUPS = (PERFORMANCE, OPERATIONS, GPUS)
 def recording_rules() -> list[dict]:
     """The fleet view: ``level:metric:operations`` rules over every followed run. Rules of a group run
     in order: the finished and the stalled runs are computed once, first, and shared by the rest."""
-    finished, stalled = nodes.FINISHED, "project_experiment:verl_training_stalled:seconds"
+    finished, stalled = nodes.FINISHED, nodes.STALLED_RUNS
     return [{
         "name": "verl-fleet",
         "rules": [
