@@ -135,16 +135,22 @@ class SlurmCluster:
             raise RuntimeError(f"{shlex.join(args)} exited with {result.returncode}: {result.stderr.strip()}")
         return result
 
-    def sbatch(self, script_text: str, **options: object) -> str:
-        """Submit ``script_text`` (a ``#!`` script) with ``--key=value`` options (``job_name=`` is
-        ``--job-name``; ``True`` is a bare flag); the job id."""
-        scripts = self.workdir / "scripts"
-        scripts.mkdir(exist_ok=True)
-        script = scripts / f"job-{time.monotonic_ns()}.sh"
-        script.write_text(script_text)
+    def sbatch(self, script_text: str | None, **options: object) -> str:
+        """Submit ``script_text`` (a ``#!`` script; None with ``wrap="command"``) with ``--key=value``
+        options (``job_name=`` is ``--job-name``; ``True`` is a bare flag); the job id. Unless given,
+        the job runs in, and writes ``slurm-<id>.out`` to, the cluster's ``jobs/`` folder."""
+        jobs = self.workdir / "jobs"
+        jobs.mkdir(exist_ok=True)
+        options.setdefault("chdir", jobs)
+        options.setdefault("output", jobs / "slurm-%j.out")
+        script = []
+        if script_text is not None:
+            path = jobs / f"job-{time.monotonic_ns()}.sh"
+            path.write_text(script_text)
+            script = [str(path)]
         flags = [f"--{key.replace('_', '-')}" + ("" if value is True else f"={value}")
                  for key, value in options.items()]
-        out = self.run("sbatch", "--parsable", *flags, str(script)).stdout.strip()
+        out = self.run("sbatch", "--parsable", *flags, *script).stdout.strip()
         return out.split(";")[0]
 
     def squeue(self, *args: str) -> list[dict[str, str]]:

@@ -1,0 +1,180 @@
+"""``verl-exporter slurm-sd`` without a cluster: squeue and scontrol output as fixed strings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from servers import free_port, http_get, wait_until
+from verl_exporter.schedulers import slurm_sd
+from verl_exporter.schedulers.slurm_sd import CachedTargets, Discovery, SlurmError
+
+SQUEUE = (
+    "4211|alice|gpu|gpu[01-02,07]|verl-grpo-qwen7b\n"
+    "4212|bob|gpu-long|node3|verl ppo | with a bar\n"
+    "\n"
+    "4213_5|carol|debug|cpu1,gpu[10-11]|sweep\n"
+    "not a line squeue prints\n"
+    "4214|dave|gpu||no-nodes-yet\n"
+)
+HOSTNAMES = {
+    "gpu[01-02,07]": "gpu01\ngpu02\ngpu07\n",
+    "gpu[10-11]": "gpu10\ngpu11\n",
+}
+
+
+class FakeSlurm:
+    """Answers squeue with ``squeue`` and scontrol show hostnames from HOSTNAMES; records calls."""
+
+    def __init__(self, squeue: str = SQUEUE):
+        self.squeue = squeue
+        self.calls: list[list[str]] = []
+        self.fail: Exception | None = None
+
+    def __call__(self, argv: list[str], timeout: float) -> str:
+        self.calls.append(argv)
+        if self.fail is not None:
+            raise self.fail
+        if argv[0] == "squeue":
+            return self.squeue
+        assert argv[:3] == ["scontrol", "show", "hostnames"], argv
+        return HOSTNAMES[argv[3]]
+
+
+def labels(job_id, user, partition, name):
+    return {"slurm_job_id": job_id, "slurm_user": user, "slurm_partition": partition, "slurm_job_name": name}
+
+
+def test_squeue_lines_become_jobs_and_bad_lines_are_skipped(caplog):
+    with caplog.at_level(logging.WARNING):
+        jobs = slurm_sd.parse_squeue(SQUEUE)
+    assert [(job.labels, job.nodes) for job in jobs] == [
+        (labels("4211", "alice", "gpu", "verl-grpo-qwen7b"), "gpu[01-02,07]"),
+        (labels("4212", "bob", "gpu-long", "verl ppo | with a bar"), "node3"),  # the name is the last field
+        (labels("4213_5", "carol", "debug", "sweep"), "cpu1,gpu[10-11]"),
+    ]
+    assert len([r for r in caplog.records if "skipping an squeue line" in r.getMessage()]) == 2
+
+
+def test_node_lists_split_outside_brackets():
+    assert slurm_sd.split_node_list("gpu[01-02,07],cpu1, io[1-2]") == ["gpu[01-02,07]", "cpu1", "io[1-2]"]
+    assert slurm_sd.split_node_list("node3") == ["node3"]
+    assert slurm_sd.split_node_list("") == []
+    assert slurm_sd.parse_hostnames("gpu01\ngpu02\n\n") == ["gpu01", "gpu02"]
+
+
+def test_target_groups_expand_nodes_once_per_list():
+    slurm = FakeSlurm()
+    discovery = Discovery(run=slurm)
+    expected = [
+        {"targets": ["gpu01:9945", "gpu02:9945", "gpu07:9945"],
+         "labels": labels("4211", "alice", "gpu", "verl-grpo-qwen7b")},
+        {"targets": ["node3:9945"], "labels": labels("4212", "bob", "gpu-long", "verl ppo | with a bar")},
+        {"targets": ["cpu1:9945", "gpu10:9945", "gpu11:9945"], "labels": labels("4213_5", "carol", "debug", "sweep")},
+    ]
+    assert discovery.target_groups() == expected
+    assert slurm.calls[0] == ["squeue", "--noheader", "--states=RUNNING", "--format=%i|%u|%P|%N|%j"]
+    assert [call[3] for call in slurm.calls[1:]] == ["gpu[01-02,07]", "gpu[10-11]"]  # no call for plain names
+    assert discovery.target_groups() == expected
+    assert len(slurm.calls) == 4  # the second round asked squeue only
+
+
+def test_job_name_match_partitions_and_port():
+    slurm = FakeSlurm()
+    discovery = Discovery(run=slurm, job_match="verl.*", partitions=("gpu", "gpu-long"), exporter_port=9100)
+    groups = discovery.target_groups()
+    assert [group["labels"]["slurm_job_id"] for group in groups] == ["4211", "4212"]
+    assert groups[1]["targets"] == ["node3:9100"]
+    assert slurm.calls[0][-1] == "--partition=gpu,gpu-long"
+    # the match is anchored, as in Prometheus: "grpo" alone matches no whole name
+    assert Discovery(run=FakeSlurm(), job_match="grpo").target_groups() == []
+
+
+def test_answers_are_cached_and_a_failing_slurm_serves_the_last_good_one(caplog):
+    now = [100.0]
+    slurm = FakeSlurm()
+    targets = CachedTargets(Discovery(run=slurm), ttl=5, clock=lambda: now[0])
+    first = targets.body()
+    assert [group["labels"]["slurm_job_id"] for group in json.loads(first)] == ["4211", "4212", "4213_5"]
+    now[0] += 4.9
+    assert targets.body() is first and len(slurm.calls) == 3  # within the TTL: Slurm not asked
+    assert gzip.decompress(targets.body(compressed=True)) == first
+    slurm.fail = SlurmError("squeue did not answer within 10s")
+    now[0] += 0.2
+    with caplog.at_level(logging.ERROR):
+        assert targets.body() == first
+    assert "serving the last good answer: squeue did not answer within 10s" in caplog.text
+    calls = len(slurm.calls)
+    now[0] += 1
+    assert targets.body() == first and len(slurm.calls) == calls  # a failure waits the TTL too
+    slurm.fail, slurm.squeue = None, "4300|erin|gpu|node9|verl-next\n"
+    now[0] += 5
+    assert json.loads(targets.body()) == [{"targets": ["node9:9945"],
+                                           "labels": labels("4300", "erin", "gpu", "verl-next")}]
+
+
+def test_before_any_good_answer_the_failure_is_raised():
+    slurm = FakeSlurm()
+    slurm.fail = SlurmError("squeue exited with 1: slurm_load_jobs error: Unable to contact slurm controller")
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        CachedTargets(Discovery(run=slurm), ttl=5).body()
+
+
+def test_commands_that_fail_or_hang_raise_slurm_errors(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(SlurmError, match="did not answer within 0.2s"):
+        slurm_sd.run_command(["sh", "-c", f"sleep 30 & echo $! > {tmp_path}/child; wait"], timeout=0.2)
+    assert time.monotonic() - started < 5
+    child = int((tmp_path / "child").read_text())
+    wait_until(lambda: not _alive(child), timeout=5, message="the hung command's child killed too")
+    with pytest.raises(SlurmError, match="exited with 3: oops"):
+        slurm_sd.run_command(["sh", "-c", "echo oops >&2; exit 3"], timeout=5)
+    with pytest.raises(SlurmError, match="cannot run"):
+        slurm_sd.run_command([str(tmp_path / "no-squeue")], timeout=5)
+
+
+def test_the_service_answers_json_and_health_and_survives_a_hanging_squeue(tmp_path):
+    """The real command with a stand-in squeue: good, then hanging past --slurm.timeout."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\nif [ -e hang ]; then sleep 30; fi\necho '77|root|debug|vm|verl-job'\n")
+    squeue.chmod(0o755)
+    port = free_port()
+    log = (tmp_path / "sd.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "verl_exporter", "slurm-sd", "--web.listen-address",
+                                f"127.0.0.1:{port}", "--squeue", str(squeue), "--cache-ttl", "200ms",
+                                "--slurm.timeout", "500ms", "--exporter-port", "9100"],
+                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_get(url + "/-/healthy")[0] == 200, message="slurm-sd healthy")
+        expected = [{"targets": ["vm:9100"], "labels": labels("77", "root", "debug", "verl-job")}]
+        status, body = http_get(url + "/targets")
+        assert status == 200 and json.loads(body) == expected
+        with urllib.request.urlopen(url + "/targets") as response:
+            assert response.headers["Content-Type"] == "application/json"
+        (tmp_path / "hang").touch()
+        time.sleep(0.3)  # past the TTL: the next request asks squeue, which hangs
+        started = time.monotonic()
+        status, body = http_get(url + "/targets")
+        assert status == 200 and json.loads(body) == expected
+        assert 0.4 < time.monotonic() - started < 5
+        assert b"did not answer within 0.5s" in (tmp_path / "sd.log").read_bytes()
+    finally:
+        process.terminate()
+        assert process.wait(10) == 0
+        log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
