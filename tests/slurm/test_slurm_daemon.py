@@ -1,0 +1,82 @@
+"""`verl-exporter --slurm` on a real one-node Slurm cluster: batch jobs found without --source,
+served with their Slurm identity, and finished or crashed when they end."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from exposition import matching, sample_value
+from servers import Server, free_port, wait_until
+
+# A verl-like job: the config print and the total, then one step a second with a Ray prefix.
+TRAINER = textwrap.dedent("""\
+    import pprint, sys, time
+    steps, total = int(sys.argv[1]), int(sys.argv[2])
+    prefix = "(TaskRunner pid=4242) "
+    config = {"trainer": {"project_name": "slurm-it", "experiment_name": sys.argv[3], "nnodes": 1}}
+    for row in pprint.pformat(config).splitlines():
+        print(prefix + row)
+    print(prefix + f"Total training steps: {total}", flush=True)
+    for step in range(1, steps + 1):
+        time.sleep(1)
+        print(prefix + f"step:{step} - actor/pg_loss:{0.5 / step} - critic/score/mean:0.{step}", flush=True)
+    sys.exit(0 if steps == total else 1)
+""")
+
+
+@pytest.fixture
+def exporter(slurm, tmp_path):
+    port = free_port()
+    args = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}", "--slurm",
+            "--slurm.poll-interval", "250ms", "--source.poll-interval", "100ms", "--gpu.fake", "healthy:2",
+            "--no-forensics"]
+    with Server("verl-exporter", args, port, tmp_path / "exporter.log", "/-/ready", env=slurm.env) as server:
+        yield server
+
+
+def submit(slurm, tmp_path, name: str, steps: int, total: int, experiment: str) -> str:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    return slurm.sbatch(None, job_name=name, output=tmp_path / "%x-%j.out", chdir=tmp_path,
+                        wrap=f"{sys.executable} {script} {steps} {total} {experiment}")
+
+
+def metrics(server: Server) -> str:
+    status, text = server.get("/metrics")
+    assert status == 200
+    return text
+
+
+def test_a_batch_job_is_found_served_and_finished(slurm, exporter, tmp_path):
+    job_id = submit(slurm, tmp_path, "verl-grpo", steps=3, total=3, experiment="grpo-done")
+    run = {"project": "slurm-it", "experiment": "grpo-done"}
+    wait_until(lambda: sample_value(metrics(exporter), "verl_training_last_step", **run), timeout=30,
+               message=f"run of job {job_id} served\n{exporter.log()}")
+    text = metrics(exporter)
+    assert matching(text, "verl_job_info", scheduler="slurm", job_id=job_id, job_name="verl-grpo", user="root",
+                    partition="debug", namespace="", pod="", **run) == [1.0]
+    assert sample_value(text, "verl_job_running", **run) == 1.0
+    assert sample_value(text, "verl_training_total_steps", **run) == 3.0
+    slurm.wait_state(job_id, "COMPLETED", timeout=30)
+    wait_until(lambda: sample_value(metrics(exporter), "verl_job_running", **run) == 0.0, timeout=20,
+               message=f"job {job_id} ended\n{exporter.log()}")
+    text = metrics(exporter)
+    assert sample_value(text, "verl_training_last_step", **run) == 3.0
+    assert sample_value(text, "verl_training_finished", **run) == 1.0
+    assert matching(text, "verl_job_info", job_id=job_id, **run) == [1.0]  # still served once ended
+
+
+def test_a_job_that_stops_early_is_left_crashed(slurm, exporter, tmp_path):
+    job_id = submit(slurm, tmp_path, "verl-short", steps=2, total=10, experiment="grpo-crash")
+    run = {"project": "slurm-it", "experiment": "grpo-crash"}
+    slurm.wait_state(job_id, "FAILED", timeout=30)
+    wait_until(lambda: sample_value(metrics(exporter), "verl_job_running", **run) == 0.0, timeout=20,
+               message=f"job {job_id} ended\n{exporter.log()}")
+    text = metrics(exporter)
+    assert sample_value(text, "verl_training_last_step", **run) == 2.0
+    assert sample_value(text, "verl_training_total_steps", **run) == 10.0
+    assert sample_value(text, "verl_training_finished", **run) == 0.0  # VerlTrainingJobCrashed fires on this
+    assert matching(text, "verl_job_info", job_id=job_id, job_name="verl-short", **run) == [1.0]
