@@ -66,8 +66,13 @@ def node_resources(slurmd: str) -> dict[str, str]:
     return fields
 
 
+def node_name(node: dict[str, str]) -> str:
+    """The name slurmd and slurmctld know this machine by (the short host name), as ``slurmd -C`` says."""
+    return node.get("NodeName") or socket.gethostname().split(".")[0]
+
+
 def write_conf(workdir: Path, *, node: dict[str, str], ctld_port: int, slurmd_port: int, munge_socket: Path) -> Path:
-    hostname = socket.gethostname()
+    hostname = node_name(node)
     dirs = {name: workdir / name for name in ("state", "spool", "log", "run")}
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
@@ -252,7 +257,7 @@ def slurm_cluster(workdir: Path, *, start_timeout: float = START_TIMEOUT) -> Ite
     for name in list(env):  # a job's settings in the caller's environment would leak into sbatch
         if name.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_")) and name != "SLURM_CONF":
             del env[name]
-    cluster = SlurmCluster(workdir=workdir, conf=conf, env=env, node=socket.gethostname())
+    cluster = SlurmCluster(workdir=workdir, conf=conf, env=env, node=node_name(node))
     logs = workdir / "log"
     logs.mkdir(exist_ok=True)
 
