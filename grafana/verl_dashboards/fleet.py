@@ -52,6 +52,17 @@ RUN_LINK = (f"/d/{run_detail.UID}/?${{datasource:queryparam}}&var-project=${{__d
             "&var-experiment=${__data.fields.experiment}&${__url_time_range}")
 
 
+# The scheduler's job of each run (verl_job_info, from the exporter: Slurm's job id, user and partition;
+# Kubernetes' namespace and pod leave them empty): one series per run, its labels the table's cells.
+# topk keeps one job where a run names two (a resumed run's old exporter still serving); a run
+# without verl_job_info still has its row, with empty cells.
+JOB_LABELS = ("job_id", "user", "partition")
+JOB_INFO = (f"topk by ({BY_RUN}) (1, max by ({BY_RUN}, {', '.join(JOB_LABELS)}) (verl_job_info{{{RUNS}}}))"
+            f" or ({RUN_SET} unless on({BY_RUN}) verl_job_info)")
+# Table column headers of the job's labels.
+JOB_HEADERS = {"job_id": "Job", "user": "User", "partition": "Partition"}
+
+
 def latest(name: str) -> str:
     """Latest value of a training metric per run (``max`` folds duplicate scrapes of the same run)."""
     return f"max by ({BY_RUN}) ({name}{{{RUNS}}})"
@@ -84,6 +95,7 @@ def columns() -> list[tuple[str, str, str, list]]:
 def runs_table() -> table.Panel:
     cols = columns()
     ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
+    job_ref = chr(ord("A") + len(cols))
     description = " ".join([
         "Every run the exporters follow, one row each; click a row to open its run detail dashboard.",
         "Colours follow the catalog's healthy ranges:",
@@ -93,19 +105,25 @@ def runs_table() -> table.Panel:
         f"Since last step turns orange after a slow step and red after {STALLED_AFTER_SECONDS} s (stalled);",
         "GPU utilization is the mean of the GPUs of every node of the run (recording rules: the nodes that "
         "serve verl_node_run_info for it), GPUs the count of those GPUs.",
+        "Job, User and Partition are the scheduler's (verl_job_info: Slurm's job id, user and partition; "
+        "empty for a Kubernetes job or a run whose exporter names no job).",
     ])
     panel = (table.Panel().title("Runs").description(description).datasource(DATASOURCE).unit("none")
              .thresholds(thresholds(steps(NEUTRAL))).span(24).height(10)
              .targets([query(expr, ref_id=ref_id, instant=True, table=True)
-                       for ref_id, (_, expr, _, _) in zip(ref_ids, cols)])
+                       for ref_id, (_, expr, _, _) in zip(ref_ids, cols)]
+                      + [query(JOB_INFO, ref_id=job_ref, instant=True, table=True)])
              .data_links([db.DashboardLink("Open the run").url(RUN_LINK)])
              .sort_by([cb.TableSortByFieldState().display_name("Since last step").desc(True)])
              .with_transformation(DataTransformerConfig(id_val="merge", options={}))
              .with_transformation(DataTransformerConfig(id_val="organize", options={
-                 "excludeByName": {"Time": True},
+                 "excludeByName": {"Time": True, f"Value #{job_ref}": True},
                  "indexByName": {"project": 0, "experiment": 1,
-                                 **{f"Value #{ref_id}": 2 + index for index, ref_id in enumerate(ref_ids)}},
-                 "renameByName": {f"Value #{ref_id}": header for ref_id, (header, _, _, _) in zip(ref_ids, cols)},
+                                 **{label: 2 + index for index, label in enumerate(JOB_LABELS)},
+                                 **{f"Value #{ref_id}": 2 + len(JOB_LABELS) + index
+                                    for index, ref_id in enumerate(ref_ids)}},
+                 "renameByName": {**JOB_HEADERS,
+                                  **{f"Value #{ref_id}": header for ref_id, (header, _, _, _) in zip(ref_ids, cols)}},
              })))
     for header, _, unit, step_list in cols:
         panel = panel.override_by_name(header, [

@@ -10,8 +10,10 @@ of every node of the run. Firing alerts of the run are annotations on every grap
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import table
+from grafana_foundation_sdk.builders import table, timeseries
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
+
+from verl_exporter.alerting import nodes
 
 from . import rollout
 from .common import (
@@ -230,9 +232,30 @@ def nodes_table() -> table.Panel:
     return panel
 
 
+def spread_panel() -> timeseries.Panel:
+    """Each node's mean GPU utilisation against the run's median GPU: what VerlGpuStraggler compares."""
+    ratio = nodes.THRESHOLDS["straggler_ratio"]
+    window = nodes.STRAGGLER_WINDOW
+    line = f"{ratio:g} x median (straggler line)"
+    return timeseries_panel(
+        "GPU spread across nodes",
+        f"Each node's mean GPU utilisation over {window} against the median of the run's GPUs over all its "
+        f"nodes (recording rules). VerlGpuStraggler fires for a GPU under {ratio:g} times the median (the dashed "
+        f"line) for 10 minutes while the median is above {nodes.THRESHOLDS['straggler_min_median']:g} and the "
+        "run steps: a node far under the median is the slow one; the GPU utilization panel shows its GPUs. "
+        "Nodes that work for two runs at once are left out (their GPUs cannot be told apart).",
+        "percentunit", steps(NEUTRAL),
+        [query(f"{nodes.RUN_NODE_BUSY}{{{RUN}}}", "{{instance}}"),
+         query(f"{nodes.RUN_MEDIAN_BUSY}{{{RUN}}}", "run median"),
+         query(f"{ratio:g} * {nodes.RUN_MEDIAN_BUSY}{{{RUN}}}", line)],
+        min_value=0, max_value=1, show_thresholds=False,
+    ).override_by_name(line, [DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})])
+
+
 def gpus_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("GPUs of this run"))
     dash.with_panel(nodes_table())
+    dash.with_panel(spread_panel())
     join = "Every node of the run (joined on instance through verl_node_run_info)."
     dash.with_panel(timeseries_panel(
         "GPU utilization", f"Share of time a kernel ran on each GPU (NVML). {join}", "percentunit",

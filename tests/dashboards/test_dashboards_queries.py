@@ -9,6 +9,7 @@ variable's own query runs first and its first value is used.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 
@@ -31,6 +32,10 @@ groups:
 """
 
 ROLLOUT_LABELS = {"project": "demo", "experiment": "healthy", "engine": "vllm"}
+# The scheduler's job of the run, as the exporter serves it for a Slurm job (labels a scheduler lacks
+# are empty, so Prometheus stores them not at all).
+JOB_INFO = ('verl_job_info{project="demo", experiment="healthy", scheduler="slurm", job_id="4242", '
+            'job_name="grpo-gsm8k", user="alice", partition="gpu", namespace="", pod=""} 1\n')
 # A vLLM server's metrics (its own names), with a counter that moves between scrapes.
 VLLM_METRICS = lambda: (  # noqa: E731
     'vllm:num_requests_running{model_name="qwen"} 12\n'
@@ -47,7 +52,8 @@ def prometheus(tmp_path_factory):
     rules.write_text(TEST_ALERT_RULES)
     recording = shipped.recording_rules_file()  # the fleet table's progress and time left
     rollout = MetricsServer(VLLM_METRICS)
-    with rollout, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
+    scheduler = MetricsServer(JOB_INFO)
+    with rollout, scheduler, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
                         str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -56,6 +62,8 @@ def prometheus(tmp_path_factory):
                 {"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
                 # The run's vLLM server, labelled as the rollout job's file_sd targets are.
                 {"job_name": "rollout", "static_configs": [{"targets": [rollout.target], "labels": ROLLOUT_LABELS}]},
+                # verl_job_info of the run, until the exporter's own scheduler collector serves it.
+                {"job_name": "scheduler", "static_configs": [{"targets": [scheduler.target]}]},
             ],
         }
         with start_prometheus(tmp, config, rule_files=[rules, recording]) as prom:
@@ -67,6 +75,7 @@ def prometheus(tmp_path_factory):
                        message="the test alert firing")
             wait_until(lambda: prom_query(prom, "project_experiment:verl_rollout_generation_tokens:rate5m"),
                        timeout=30, message="the rollout server's figures")
+            wait_until(lambda: prom_query(prom, "verl_job_info"), timeout=30, message="the run's scheduler job")
             yield prom
 
 
@@ -160,17 +169,37 @@ def test_fleet_counts_and_table_rows(prometheus, variable_values):
               for title in ("Runs followed", "Healthy", "Warning", "Stalled")}
     # One run, with the (always firing) warning test alert.
     assert counts == {"Runs followed": 1, "Healthy": 0, "Warning": 1, "Stalled": 0}
-    # Table queries merge on (project, experiment): each must return exactly those labels, one row per run.
+    # Table queries merge on (project, experiment): each must return exactly those labels, one row per run;
+    # the scheduler's job adds its job id, user and partition as cells.
     table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
-    for target in table["targets"]:
+    *figures, job = table["targets"]
+    for target in figures:
         result = prom_query(prometheus, substitute(target["expr"], values))
         assert [sorted(r["metric"]) for r in result] == [["experiment", "project"]], target["expr"]
+    result = prom_query(prometheus, substitute(job["expr"], values))
+    assert [r["metric"] for r in result] == [{"project": "demo", "experiment": "healthy", "job_id": "4242",
+                                              "user": "alice", "partition": "gpu"}]
+    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
+    assert {renamed[label] for label in ("job_id", "user", "partition")} == {"Job", "User", "Partition"}
+
+
+def test_fleet_table_keeps_a_run_without_a_scheduler_job(prometheus, variable_values):
+    """A run whose exporter serves no verl_job_info (no scheduler found) keeps its row, with empty cells."""
+    values = variable_values["fleet-overview.json", "all"]
+    table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
+    expr = re.sub(r"verl_job_info(\{)?", lambda m: 'verl_job_info{job_id="none"' + (", " if m.group(1) else "}"),
+                  substitute(table["targets"][-1]["expr"], values))
+    assert [r["metric"] for r in prom_query(prometheus, expr)] == [{"project": "demo", "experiment": "healthy"}]
 
 
 def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):
     values = variable_values["run-detail.json", "first"]
     series = _instant(prometheus, "run-detail.json", "GPU utilization", values)
     assert sorted(int(s["metric"]["gpu"]) for s in series) == list(range(8))
+    spread = _instant(prometheus, "run-detail.json", "GPU spread across nodes", values)
+    nodes = [s for s in spread if "instance" in s["metric"]]
+    assert len(nodes) == 1 and len(spread) == 3  # the one node, the run's median and the straggler line
+    assert float(nodes[0]["value"][1]) > 0.5  # the fake GPUs are busy
     share = _instant(prometheus, "run-detail.json", "Share of the step per phase", values)
     assert {s["metric"]["phase"] for s in share} == {"gen", "ref", "values", "adv", "update_critic", "update_actor"}
     assert all(0 < float(s["value"][1]) < 1 for s in share)
