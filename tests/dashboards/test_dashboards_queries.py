@@ -53,8 +53,8 @@ def prometheus(tmp_path_factory):
     recording = shipped.recording_rules_file()  # the fleet table's progress and time left
     rollout = MetricsServer(VLLM_METRICS)
     scheduler = MetricsServer(JOB_INFO)
-    with rollout, scheduler, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2", "--simulate.dir",
-                        str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
+    with rollout, scheduler, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2",
+                                            "--simulate.dir", str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules.name, recording.name],
