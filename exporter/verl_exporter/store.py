@@ -20,171 +20,26 @@ reuse what it rendered of an unchanged run.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import logging
-import math
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import cast
 
 from . import run_settings
-from .catalog import Catalog, Resolved
-from .records import CHECKPOINT_SAVE_KEYS, Record, RunKey, is_event, logged_seconds
+from .catalog import Catalog
+from .records import Record, RunKey, is_event
+from .run_state import CheckpointState, RunState, StoreSnapshot
+from .series_names import SeriesNames
 
 log = logging.getLogger(__name__)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
-SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
-DROPPED_SAMPLE = 16  # keys the series cap refused that a run remembers by name; the rest are counted
-DROPPED_BITS = 1 << 16  # the bitmap (8 KiB per run that drops keys) counting the others
-MAX_NAME_OWNERS = 100_000  # series names whose first key is remembered (two keys never share a series)
 OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run another source feeds
 # A run whose feeding source wrote nothing for this long passes to the next source that names it: a
 # job resumed from a checkpoint writes a new log, often matched by the same glob.
 OWNER_HANDOVER_SECONDS = 300.0
-
-
-@dataclass
-class CheckpointState:
-    """The run's checkpoint saves: the latest one started (its step and when), whether it still runs,
-    and the step and duration of the latest one done."""
-
-    step: int
-    started: float
-    saving: bool = True
-    done_step: int | None = None
-    done_seconds: float | None = None
-
-    def start(self, step: int, moment: float) -> None:
-        self.step, self.started, self.saving = step, moment, True
-
-    def end(self, moment: float, values: Mapping) -> None:
-        """The save ended with the run's next step (``values``, where verl says how long it took)."""
-        seconds = logged_seconds(values, CHECKPOINT_SAVE_KEYS)
-        self.saving, self.done_step = False, self.step
-        self.done_seconds = seconds if seconds is not None else max(0.0, moment - self.started)
-
-
-@dataclass
-class RunState:
-    """What is known of one run. ``values`` maps verl keys to their latest value; ``series`` (on
-    snapshot copies) maps each exported series to its metric and value in base units."""
-
-    run: RunKey
-    source: str = ""
-    last_step: int | None = None
-    last_step_time: float | None = None
-    steps_ingested: int = 0
-    finished: bool = False
-    values: dict[str, float | str] = field(default_factory=dict)
-    nonfinite: Counter = field(default_factory=Counter)
-    dropped_keys: set[str] = field(default_factory=set)  # the first DROPPED_SAMPLE keys the cap refused
-    dropped_unremembered: int = 0  # the other distinct keys the cap refused (counted, not kept)
-    dropped_bits: bytearray | None = None  # of those, by hash: linear counting
-    dropped_ones: int = 0
-    owner_at: float = 0.0  # when the owner last fed the run (by the time its lines were written)
-    owner: str = ""  # the source that first fed the run: another (matched by a glob) cannot
-    config_source: str = ""  # the config file, other than the owner, that describes the run
-    room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
-    series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
-    logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
-    # The run's length and settings: total from verl's "Total training steps" line (else from the
-    # config), the step at which it finished, its catalog settings and info labels.
-    total_steps: int | None = None
-    total_from_log: bool = False
-    finished_at: int | None = None
-    config: dict[str, float] = field(default_factory=dict)
-    config_info: dict[str, str] = field(default_factory=dict)
-    active_at: float | None = None  # when the latest record of the run was written
-    version: int = 0  # changes whenever the run does
-    checkpoint: CheckpointState | None = None  # once the run started saving a checkpoint
-    started_at: float | None = None  # when the run's first line was written (config print or first step)
-    log_errors: Counter = field(default_factory=Counter)  # errors its log showed, by kind
-    error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
-
-    def copy(self) -> "RunState":
-        return RunState(
-            run=self.run,
-            source=self.source,
-            last_step=self.last_step,
-            last_step_time=self.last_step_time,
-            steps_ingested=self.steps_ingested,
-            finished=self.finished,
-            values=dict(self.values),
-            dropped_unremembered=self.dropped_unremembered,
-            nonfinite=Counter(self.nonfinite),
-            dropped_keys=set(self.dropped_keys),
-            owner=self.owner,
-            owner_at=self.owner_at,
-            config_source=self.config_source,
-            logged_at=dict(self.logged_at),
-            total_steps=self.total_steps,
-            total_from_log=self.total_from_log,
-            finished_at=self.finished_at,
-            config=dict(self.config),
-            config_info=dict(self.config_info),
-            active_at=self.active_at,
-            version=self.version,
-            checkpoint=dataclasses.replace(self.checkpoint) if self.checkpoint else None,
-            started_at=self.started_at,
-            log_errors=Counter(self.log_errors),
-            error_lines=list(self.error_lines),
-        )
-
-    def drop_key(self, key: str) -> None:
-        """Count ``key``, refused by the series cap, once: the first few by name, the others in a
-        bitmap of DROPPED_BITS bits (linear counting: exact in practice up to a few thousand keys,
-        within a few percent up to ~200,000; past that each refused value counts)."""
-        sample = self.dropped_keys
-        if key in sample:
-            return
-        if len(sample) < DROPPED_SAMPLE:
-            sample.add(key)
-            return
-        bits = self.dropped_bits
-        if bits is None:
-            bits = self.dropped_bits = bytearray(DROPPED_BITS // 8)
-        if self.dropped_ones >= DROPPED_BITS - DROPPED_BITS // 256:  # saturated: no estimate left
-            self.dropped_unremembered += 1
-            return
-        slot = hash(key) % DROPPED_BITS
-        byte, bit = divmod(slot, 8)
-        if bits[byte] & (1 << bit):
-            return
-        bits[byte] |= 1 << bit
-        self.dropped_ones += 1
-        estimate = round(-DROPPED_BITS * math.log1p(-self.dropped_ones / DROPPED_BITS))
-        self.dropped_unremembered = max(self.dropped_unremembered, estimate)
-
-    def finish(self, step: int) -> None:
-        """The run ended at ``step``: later records of steps up to it (another source of the same
-        run, a re-read file) leave it finished; a later step means it went on."""
-        self.finished = True
-        self.finished_at = step if self.finished_at is None else max(self.finished_at, step)
-
-    def reached_total(self, exactly: bool = True) -> None:
-        """Finished once the last step is the total (or, when the total has just become known, past it):
-        a step beyond a total already reached means the run went on with a larger one."""
-        total, step = self.total_steps, self.last_step
-        if total is not None and step is not None and (step == total or (not exactly and step > total)):
-            self.finish(step)
-
-
-@dataclass
-class StoreSnapshot:
-    runs: list[RunState]
-    parse_errors: dict[str, int]
-    runs_dropped: int
-    values_dropped: dict[tuple[str, str], int] = field(default_factory=dict)  # (source, reason)
-    sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unreadable, None if readable
-    runs_expired: dict[str, int] = field(default_factory=dict)  # reason (finished, idle, no_step) -> runs dropped
-    run_cap_reached: bool = False  # a run was refused since a place under the cap last freed up
-    versions: dict[RunKey, int] | None = field(default_factory=dict)  # every run's version (None: as ``since``)
-    serial: int = 0  # changes whenever a run does, or a run is dropped
 
 
 class RunStore:
@@ -211,11 +66,10 @@ class RunStore:
         self._sources: dict[str, str | None] = {}
         self._unreadable = 0  # of the sources, those that cannot be read
         self._warned_sources: set[str] = set()
-        self._owners: dict[SeriesKey, str] = {}  # series -> the key (catalog key) that first took it
         self._listed = catalog.listed_keys()
         self._runs_dropped = 0
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[SeriesKey, Resolved, float]] = {}
+        self._names = SeriesNames(catalog)
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
@@ -497,7 +351,7 @@ class RunStore:
                                      dict(self._values_dropped), self._served_sources(), dict(self._runs_expired),
                                      self._cap_reached, versions, self._version)
         for state in runs:
-            self._fill_series(state)
+            self._names.fill_series(state)
         return snapshot
 
     def run(self, key: RunKey) -> RunState | None:
@@ -509,7 +363,7 @@ class RunStore:
             state = self._runs.get(key)
             state = state.copy() if state is not None else None
         if state is not None:
-            self._fill_series(state)
+            self._names.fill_series(state)
         return state
 
     def unfinished_runs(self) -> list[RunKey]:
@@ -533,60 +387,3 @@ class RunStore:
             if number - number != 0:
                 state.nonfinite[key] += 1
             state.values[key] = number
-
-    def _fill_series(self, state: RunState) -> None:
-        """Name the run's latest values: one series per catalog metric and label set. Where two
-        spellings of one metric were logged (a run resumed on a newer verl), the one logged last
-        wins; two logged side by side in one record are two metrics: the alias gets its own name."""
-        series, logged_at = state.series, state.logged_at
-        owners: dict[SeriesKey, str] = {}
-        for key, value in state.values.items():
-            series_key, resolved, scale = self._entries.get(key) or self._entry(key)
-            if key in logged_at:
-                owner = owners.get(series_key)
-                if owner is not None and logged_at[owner] > logged_at[key]:
-                    continue
-                if owner is not None and logged_at[owner] == logged_at[key]:
-                    alias = key if resolved.spec.key != key else owner
-                    own = self.catalog.own(alias)
-                    alias_value = state.values[alias]
-                    assert not isinstance(alias_value, str)  # converted: snapshot() and run() convert first
-                    series[(own.spec.name, ())] = (own, alias_value * own.spec.scale)
-                    if alias == key:
-                        continue
-                owners[series_key] = key
-            assert not isinstance(value, str)  # converted: snapshot() and run() convert first
-            series[series_key] = (resolved, value * scale)
-
-    def _entry(self, key: str) -> tuple[SeriesKey, Resolved, float]:
-        """(series key, resolved metric, scale) of a verl key, cached like the catalog's lookups."""
-        resolved = self.catalog.resolve(key)
-        series_key = (resolved.spec.name, resolved.label_values)
-        owner = self._owners.get(series_key)
-        if owner is None and len(self._owners) < MAX_NAME_OWNERS:
-            self._owners[series_key] = resolved.spec.key
-        elif owner != resolved.spec.key and (owner is not None or not resolved.spec.known):
-            series_key, resolved = self._own_name(key, resolved)
-        entry = (series_key, resolved, resolved.spec.scale)
-        if len(self._entries) < 100_000:
-            self._entries[key] = entry
-        return entry
-
-    def _own_name(self, key: str, resolved: Resolved) -> tuple[SeriesKey, Resolved]:
-        """A name of its own for a key whose name another key took first (``a:b`` and ``a/b`` are
-        both ``verl_a_b``): the name and a suffix from the key's hash, the same on every start, so
-        two keys' values never interleave in one series."""
-        spec = resolved.spec
-        for size in (4, 8):
-            name = f"{spec.name}_{hashlib.blake2b(key.encode('utf-8', 'replace'), digest_size=size).hexdigest()}"
-            series_key = (name, resolved.label_values)
-            owner = self._owners.get(series_key)
-            if owner is None or owner == key:
-                break
-        if owner is None and len(self._owners) < MAX_NAME_OWNERS:
-            self._owners[series_key] = key
-        own = Resolved(dataclasses.replace(spec, key=key, name=name, aliases=(), help_keys=(),
-                                           help=f"{spec.help} (logged as {key!r}, whose name {spec.name} another "
-                                                f"key has)"), resolved.label_values)
-        return series_key, own
-

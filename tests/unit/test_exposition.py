@@ -13,7 +13,8 @@ from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.exposition import Exposition, Part
 from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunState, RunStore
+from verl_exporter.run_state import RunState
+from verl_exporter.store import RunStore
 
 
 def setup(**kwargs):

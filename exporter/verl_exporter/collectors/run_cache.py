@@ -11,7 +11,8 @@ import logging
 from typing import Callable, Generic, TypeVar
 
 from ..records import RunKey
-from ..store import RunState, RunStore, StoreSnapshot
+from ..run_state import RunState, StoreSnapshot
+from ..store import RunStore
 
 log = logging.getLogger(__name__)
 Built = TypeVar("Built")

@@ -57,7 +57,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .. import run_settings, schema
 from ..exposition import Part
-from ..store import RunState, RunStore, StoreSnapshot
+from ..run_state import RunState, StoreSnapshot
+from ..store import RunStore
 from . import check_renderable
 from .run_cache import RunCache
 from .training_text import RunText

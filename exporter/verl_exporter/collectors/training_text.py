@@ -18,7 +18,8 @@ from prometheus_client.utils import floatToGoString
 
 from .. import schema
 from ..exposition import Part, escape, family_text, split_header
-from ..store import RunState, RunStore, StoreSnapshot
+from ..run_state import RunState, StoreSnapshot
+from ..store import RunStore
 from .run_cache import RunCache
 
 

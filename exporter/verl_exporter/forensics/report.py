@@ -13,7 +13,7 @@ import json
 import time
 
 from ..records import RunKey
-from ..store import RunState
+from ..run_state import RunState
 from .logtail import TAIL_LINES, Tail
 from .watch import Stall, duration
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ..records import STEP_DURATION_KEYS, RunKey, logged_seconds
-from ..store import RunState, RunStore
+from ..run_state import RunState
+from ..store import RunStore
 
 STEP_SAMPLES = 64
 MEDIAN_FACTOR = 5
