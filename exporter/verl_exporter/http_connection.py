@@ -1,0 +1,417 @@
+"""HTTP connections: HTTP/1.1 parsed by h11 (the protocol library inside uvicorn, hypercorn and
+httpx), connections on one asyncio event loop, so a slow or idle client costs a coroutine and its
+buffers, not a thread. ``ConnectionServer`` listens, accepts and holds the connections within the
+limits; a subclass answers the requests (``server.ExporterHTTPServer``: the routes and auth).
+
+The limits, all enforced before any credentials are checked:
+
+- request line and headers: ``MAX_HEADER_BYTES`` in all and ``MAX_HEADERS`` fields (431 past
+  them); request bodies are never read (a GET's body ends the connection after the answer);
+- ``HEADER_TIMEOUT`` from the accept (TLS handshake included), or from the end of the last answer
+  on a kept-alive connection, to the end of the request's headers, however slowly bytes arrive;
+- ``WRITE_TIMEOUT`` to write one answer; a body is written in ``CHUNK`` pieces, so a client that
+  does not read holds a reference to the shared rendering, never a copy of it, and at most
+  ``MAX_BODIES_IN_FLIGHT`` distinct renderings are held by unfinished answers (the oldest
+  round's laggards are dropped);
+- ``MAX_CONNECTIONS`` open at once (and at most half the file descriptor limit): a new
+  connection past the cap closes the oldest one that has no request in progress, or is refused
+  when every one has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import ssl
+import threading
+import time
+from http import HTTPStatus
+
+import h11
+
+from .web_config import WebConfig
+
+log = logging.getLogger("verl_exporter.server")  # the HTTP server's one log, connections and routes alike
+
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADERS = 100
+HEADER_TIMEOUT = 10.0  # seconds to the end of a request's headers (TLS handshake included)
+WRITE_TIMEOUT = 30.0  # seconds to write one answer
+MAX_CONNECTIONS = 256
+MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written
+PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
+CHUNK = 128 * 1024
+
+_TLS_HANDSHAKE = 0x16
+_PLAIN_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                 b"Client sent an HTTP request to an HTTPS server.\n")
+
+
+def printable(data: bytes | str, limit: int = 200) -> str:
+    """``data`` for a log line, cut at ``limit``: control characters (ESC, CR, LF), backslashes and
+    non-ASCII escaped, so a client cannot forge log lines or send terminal escapes."""
+    text = data.decode("latin-1") if isinstance(data, bytes) else data
+    return text[:limit].encode("unicode_escape").decode("ascii")
+
+
+def request_path(target: bytes) -> str:
+    """The path and query of a request target; an absolute URI (``http://host/metrics``) is
+    served as its path, as RFC 9112 asks of a server."""
+    text = target.decode("latin-1")
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        slash = rest.find("/")
+        query = rest.find("?")
+        if slash < 0 or 0 <= query < slash:
+            return "/" + (rest[query:] if query >= 0 else "")
+        return rest[slash:]
+    return text
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    if address[0] == "":
+        family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def connection_cap() -> int:
+    """MAX_CONNECTIONS, or half the soft file descriptor limit if that is lower."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        soft = resource.RLIM_INFINITY
+    return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(8, min(MAX_CONNECTIONS, soft // 2))
+
+
+class ConnectionServer:
+    """Listens at construction (OSError if the address is taken); ``serve_forever()`` serves until
+    ``shutdown()``; ``server_close()`` closes the listener. ``web`` may be replaced at any time (a
+    reload): each connection reads it once, when it is accepted. A subclass answers (``answer``)."""
+
+    def __init__(self, address: tuple[str, int], web: WebConfig, header_timeout: float, write_timeout: float):
+        self.web = web
+        self.header_timeout, self.write_timeout = header_timeout, write_timeout
+        self.max_connections = connection_cap()
+        self.socket = _listen(address)
+        self.server_address = self.socket.getsockname()
+        self.connections: dict[_Connection, None] = {}  # oldest first
+        self.pinned: dict[int, tuple[bytes, set[_Connection]]] = {}  # id(body) -> (body, its writers), oldest first
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Future | None = None
+        self._stopping = False
+        self._serving = threading.Event()
+        self._done = threading.Event()
+        self._last_accept_error = 0.0
+
+    def serve_forever(self) -> None:
+        self._serving.set()
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._done.set()
+
+    def shutdown(self) -> None:
+        """Stop serving and wait until ``serve_forever`` has returned (call from another thread)."""
+        self._stopping = True
+        if self._serving.is_set() and not self._done.is_set():
+            try:
+                self._loop.call_soon_threadsafe(self._request_stop)
+            except RuntimeError:  # the loop has already closed
+                pass
+            self._done.wait()
+
+    def server_close(self) -> None:
+        self.socket.close()
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def _request_stop(self) -> None:
+        if self._stop is not None and not self._stop.done():
+            self._stop.set_result(None)
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stop = loop.create_future()
+        if self._stopping:
+            return
+        accepting = loop.create_task(self._accept(loop))
+        await self._stop
+        accepting.cancel()
+        for connection in list(self.connections):
+            connection.abort()
+            if connection.task is not None:
+                connection.task.cancel()
+        tasks = [connection.task for connection in self.connections if connection.task is not None]
+        await asyncio.gather(accepting, *tasks, return_exceptions=True)
+
+    async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(self.socket)
+            except OSError as exc:  # out of file descriptors or buffers: wait for connections to end
+                if time.monotonic() - self._last_accept_error > 10:
+                    self._last_accept_error = time.monotonic()
+                    log.warning("cannot accept connections: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self.connections) >= self.max_connections and not self._make_room():
+                log.debug("refused a connection from %s: %d connections open, all busy", peer[0],
+                          len(self.connections))
+                sock.close()
+                continue
+            connection = _Connection(self, sock, peer[0], self.web)
+            self.connections[connection] = None
+            connection.task = loop.create_task(connection.run())
+
+    def _make_room(self) -> bool:
+        """Close the oldest connection without a request in progress; False if every one has one."""
+        for connection in self.connections:
+            if not connection.busy:
+                log.debug("closing an idle connection from %s: %d connections open", connection.client,
+                          len(self.connections))
+                connection.abort()
+                self.connections.pop(connection, None)
+                return True
+        return False
+
+    def pin(self, connection: _Connection, body: bytes) -> None:
+        """``connection`` writes ``body``; past MAX_BODIES_IN_FLIGHT distinct bodies, the writers of
+        the oldest one are dropped, so clients that do not read cannot hold renderings without end."""
+        if len(body) < PINNED_BODY_BYTES:
+            return
+        entry = self.pinned.get(id(body))
+        if entry is None:
+            while len(self.pinned) >= MAX_BODIES_IN_FLIGHT:
+                _, (_, writers) = next(iter(self.pinned.items()))
+                for writer in list(writers):
+                    log.debug("dropping a slow reader at %s: newer renderings are being written", writer.client)
+                    writer.abort()
+                    self.unpin(writer, _)
+            entry = self.pinned[id(body)] = (body, set())
+        entry[1].add(connection)
+
+    def unpin(self, connection: _Connection, body: bytes) -> None:
+        entry = self.pinned.get(id(body))
+        if entry is not None and entry[0] is body:
+            entry[1].discard(connection)
+            if not entry[1]:
+                del self.pinned[id(body)]
+
+    async def answer(self, web: WebConfig, request: h11.Request, method: str,
+                     target: str) -> tuple[int, bytes, list]:
+        """The status, body and headers that answer ``request`` (``web``: the connection's web config)."""
+        raise NotImplementedError
+
+
+class _Closed(Exception):
+    """The connection ended or was dropped (deadline, cap): nothing more to write."""
+
+
+class _Connection:
+    def __init__(self, server: ConnectionServer, sock: socket.socket, client: str, web: WebConfig):
+        self.server, self.sock, self.client, self.web = server, sock, client, web
+        self.task: asyncio.Task | None = None
+        self.transport: asyncio.Transport | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.busy = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    # -- deadlines -------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._expired = True
+        self.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.task is not None:
+            self.task.cancel()  # still in the TLS handshake or the peek before it
+
+    # -- the connection ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            self._arm(self.server.header_timeout)
+            if await self._open():
+                await self._serve()
+        except asyncio.CancelledError:
+            log.debug("connection from %s closed before its request (deadline or connection cap)", self.client)
+        except (_Closed, OSError, h11.ProtocolError) as exc:  # ssl.SSLError is an OSError
+            if self._expired:
+                log.debug("connection from %s dropped: no request within %gs, or an answer not read within %gs",
+                          self.client, self.server.header_timeout, self.server.write_timeout)
+            else:
+                log.debug("connection from %s ended early: %s", self.client, printable(str(exc) or repr(exc)))
+        except Exception:
+            log.error("connection from %s failed", self.client, exc_info=True)
+        finally:
+            self._disarm()
+            if self.transport is not None:
+                self.transport.abort() if self._expired else self.transport.close()
+            else:
+                self.sock.close()
+            self.server.connections.pop(self, None)
+
+    async def _open(self) -> bool:
+        """The connection's streams, after the TLS handshake when the web config asks for TLS."""
+        loop = asyncio.get_running_loop()
+        context = self.web.tls_context
+        if context is not None:
+            first = await self._peek(loop)
+            if first and first[0] != _TLS_HANDSHAKE:  # not a TLS handshake record: answer as Go servers do
+                try:
+                    self.sock.send(_PLAIN_TO_TLS)
+                    self.sock.shutdown(socket.SHUT_WR)
+                    for _ in range(4):  # what it sent, read so the close is not a reset that loses the answer
+                        if not self.sock.recv(MAX_HEADER_BYTES):
+                            break
+                except OSError:
+                    pass
+                return False
+            if not first:
+                return False
+        self.reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES)
+        protocol = asyncio.StreamReaderProtocol(self.reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, self.sock, ssl=context,
+                ssl_handshake_timeout=self.server.header_timeout if context is not None else None)
+        except (ssl.SSLError, ConnectionError, asyncio.TimeoutError) as exc:
+            log.debug("TLS handshake with %s failed: %s", self.client, printable(str(exc) or repr(exc)))
+            return False
+        self.transport = transport
+        self.writer = asyncio.StreamWriter(transport, protocol, self.reader, loop)
+        return True
+
+    async def _peek(self, loop: asyncio.AbstractEventLoop) -> bytes:
+        readable = loop.create_future()
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self.sock.fileno(), wake)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(self.sock.fileno())
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return b"\x16"  # a spurious wake-up: let the handshake read
+        except OSError:
+            return b""
+
+    async def _serve(self) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        while True:
+            request = await self._next_request(conn)
+            if request is None:
+                return
+            self.busy = True
+            self._disarm()
+            method = request.method.decode("ascii", "replace")
+            target = request_path(request.target)
+            status, body, headers = await self.server.answer(self.web, request, method, target)
+            log.debug("%s \"%s %s HTTP/%s\" %d %d", self.client, printable(method), printable(target),
+                      printable(request.http_version), status, len(body))
+            self._arm(self.server.write_timeout)
+            self._write(conn.send(h11.Response(status_code=status, headers=headers,
+                                               reason=HTTPStatus(status).phrase.encode())))
+            if method != "HEAD":
+                await self._write_body(conn, body)
+            self._write(conn.send(h11.EndOfMessage()))
+            await self._drain()
+            self.busy = False
+            if (conn.our_state is not h11.DONE or conn.their_state is not h11.DONE
+                    or request.http_version not in (b"1.0", b"1.1")):
+                return  # Connection: close, HTTP/1.0, a request body we do not read, an unknown version
+            conn.start_next_cycle()
+
+    async def _next_request(self, conn: h11.Connection) -> h11.Request | None:
+        """The next request's head, None when the client closed; protocol errors are answered here."""
+        assert self.reader is not None
+        self._arm(self.server.header_timeout)
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(conn, exc)
+                return None
+            if event is h11.NEED_DATA:
+                data = await self.reader.read(MAX_HEADER_BYTES)
+                if not data and conn.their_state is not h11.IDLE:
+                    return None  # closed mid-request
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                return event
+            return None  # ConnectionClosed
+
+    async def _refuse(self, conn: h11.Connection, exc: h11.RemoteProtocolError) -> None:
+        """Answer a request h11 cannot parse: 414 for a request line past the limit, 431 for headers."""
+        status = exc.error_status_hint
+        pending = conn.trailing_data[0]
+        if status == 431 and b"\n" not in pending:
+            status = 414
+        log.debug("%s sent a bad request (%s): %s", self.client, exc, printable(pending.split(b"\n", 1)[0]))
+        await self._write_simple(status, f"{HTTPStatus(status).phrase}: {exc}\n".encode())
+
+    async def _write_simple(self, status: int, body: bytes) -> None:
+        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Content-Type: text/plain; charset=utf-8",
+                f"Content-Length: {len(body)}", "Connection: close",
+                *(f"{name}: {value}" for name, value in self.web.headers.items())]
+        self._arm(self.server.write_timeout)
+        self._write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        await self._drain()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise _Closed("connection closed")
+        self.transport.write(data)
+
+    async def _drain(self) -> None:
+        assert self.writer is not None
+        try:
+            await self.writer.drain()
+        except ConnectionError as exc:
+            raise _Closed(str(exc) or "connection closed") from None
+
+    async def _write_body(self, conn: h11.Connection, body: bytes) -> None:
+        self.server.pin(self, body)
+        try:
+            view = memoryview(body)
+            for start in range(0, len(body), CHUNK):
+                # Content-Length framing: h11 hands the slice back as is, so the body is never copied
+                data = h11.Data(data=view[start:start + CHUNK])  # type: ignore[arg-type]
+                for piece in conn.send_with_data_passthrough(data) or ():
+                    self._write(piece)
+                await self._drain()
+        finally:
+            self.server.unpin(self, body)
