@@ -11,7 +11,8 @@ import yaml
 
 from verl_exporter import options as options_module
 from verl_exporter.cli import main
-from verl_exporter.options import OPTIONS, Duration, Options, OptionsError, load_options
+from verl_exporter.option_kinds import Duration
+from verl_exporter.options import OPTIONS, Options, OptionsError, load_options
 from verl_exporter.server import parse_listen_address
 
 
