@@ -12,16 +12,8 @@ from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.job_info import JobInfoCollector
 from verl_exporter.job import JobSelector
 from verl_exporter.records import RunKey
-from verl_exporter.schedulers.slurm import (
-    SlurmJob,
-    SlurmWatcher,
-    first_node,
-    gpu_list,
-    parse_fields,
-    read_environ,
-    resolve_path,
-    scan_proc,
-)
+from verl_exporter.schedulers.slurm import SlurmWatcher, read_environ, scan_proc
+from verl_exporter.schedulers.slurm_jobs import SlurmJob, first_node, gpu_list, parse_fields, resolve_path
 from verl_exporter.store import RunStore
 
 PREFIX = "\x1b[36m(TaskRunner pid=7)\x1b[0m "

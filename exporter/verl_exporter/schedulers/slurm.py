@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import socket
-import subprocess
 import threading
 import time
 from collections import OrderedDict
@@ -34,154 +33,14 @@ from ..collectors.job_info import JobRun
 from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.tail import OpenFiles
+from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, gpu_list, show_job
 
 log = logging.getLogger(__name__)
 
 MAX_ENVIRON_BYTES = 256 << 10  # of /proc/PID/environ: the kernel caps argv + env at a few MiB, jobs use less
 MAX_ENDED = 64  # ended jobs whose runs are still served (verl_job_info, verl_job_running 0)
-SCONTROL_TIMEOUT = 10.0
 END_CHECKS = 3  # looks at an ended job Slurm still calls running before its state is taken as it is
-NO_VAL = "4294967294"  # what Slurm writes for %a outside an array job
-_FINAL_OK = ("COMPLETED",)
 _STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "")
-
-
-# -- scontrol's answer -----------------------------------------------------------------------------
-
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
-
-
-def parse_fields(text: str) -> dict[str, str]:
-    """``Key=value`` pairs of ``scontrol show job -o``'s one line (a value may hold spaces: it runs
-    to the next `` Key=``); the first of a key repeated (per-node details of ``-d``) wins."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    marks = list(_KEY.finditer(line))
-    fields: dict[str, str] = {}
-    for mark, following in zip(marks, [*marks[1:], None]):
-        end = following.start() if following is not None else len(line)
-        fields.setdefault(mark.group(1), line[mark.end():end].strip())
-    return fields
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    """What ``scontrol show job`` says of a job."""
-
-    job_id: str
-    job_name: str = ""
-    user: str = ""
-    partition: str = ""
-    node_list: str = ""
-    batch_host: str = ""
-    work_dir: str = ""
-    std_out: str = ""
-    std_err: str = ""
-    array_job_id: str = ""
-    array_task_id: str = ""
-    state: str = ""
-    exit_code: str = ""
-    gres_gpus: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> "SlurmJob | None":
-        """The job of ``scontrol show job -o``'s output; None where it names none."""
-        fields = parse_fields(text)
-        if not fields.get("JobId"):
-            return None
-        gres = re.search(r"gpu[^\s(]*\(IDX:([^)]*)\)", fields.get("GRES", "") + " " + text)
-        return cls(
-            job_id=fields["JobId"], job_name=fields.get("JobName", ""),
-            user=re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), partition=fields.get("Partition", ""),
-            node_list=fields.get("NodeList", ""), batch_host=fields.get("BatchHost", ""),
-            work_dir=fields.get("WorkDir", ""), std_out=fields.get("StdOut", ""), std_err=fields.get("StdErr", ""),
-            array_job_id=fields.get("ArrayJobId", ""), array_task_id=fields.get("ArrayTaskId", ""),
-            state=fields.get("JobState", ""), exit_code=fields.get("ExitCode", ""),
-            gres_gpus=gpu_list(gres.group(1)) if gres else (),
-        )
-
-    @property
-    def finished_ok(self) -> bool:
-        return self.state in _FINAL_OK and self.exit_code in ("0:0", "0")
-
-    def output_files(self, hostname: str = "") -> list[str]:
-        """The files the job's batch step writes, patterns resolved, /dev/null left out, each once."""
-        paths: list[str] = []
-        for pattern in (self.std_out, self.std_err):
-            path = resolve_path(pattern, self, hostname)
-            if path is not None and path not in paths:
-                paths.append(path)
-        return paths
-
-
-_PATTERN = re.compile(r"%(\d*)([%AaJjNnstux])")
-
-
-def resolve_path(pattern: str, job: SlurmJob, hostname: str = "") -> str | None:
-    """``pattern`` (sbatch's ``--output`` grammar) with its replacement symbols resolved, relative
-    to the job's WorkDir; None for no file (empty, ``(null)``, ``/dev/null``)."""
-    if not pattern or pattern in ("(null)", "/dev/null"):
-        return None
-    if "\\" in pattern:  # sbatch: a backslash turns the replacement symbols off
-        path = pattern.replace("\\", "")
-    else:
-        node = job.batch_host or first_node(job.node_list) or hostname.split(".")[0]
-        values = {"%": "%", "j": job.job_id, "J": f"{job.job_id}.batch", "A": job.array_job_id or job.job_id,
-                  "a": job.array_task_id or NO_VAL, "N": node, "n": "0", "s": "batch", "t": "0",
-                  "u": job.user, "x": job.job_name}
-
-        def replace(match: re.Match[str]) -> str:
-            width, symbol = match.group(1), match.group(2)
-            value = values[symbol]
-            if width and symbol != "%" and value.isdigit():
-                return value.zfill(min(int(width), 10))
-            return value
-
-        path = _PATTERN.sub(replace, pattern)
-    if path == "/dev/null":
-        return None
-    if not os.path.isabs(path) and job.work_dir:
-        path = os.path.join(job.work_dir, path)
-    return os.path.normpath(path)
-
-
-def first_node(node_list: str) -> str:
-    """The first host of a Slurm host list: ``gpu[03-05,9],cpu1`` -> ``gpu03``."""
-    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?", node_list.strip())
-    if not match or not match.group(1) and not match.group(2):
-        return ""
-    prefix, ranges = match.group(1), match.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
-
-
-def gpu_list(text: str) -> tuple[str, ...]:
-    """GPU indices of ``0,1``, ``0-3``, ``0-1,4`` (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, gres IDX);
-    other words (GPU UUIDs) are kept as they are."""
-    gpus: list[str] = []
-    for item in text.replace(" ", "").split(","):
-        if not item or item.lower() in ("n/a", "(null)", "nodevfiles"):
-            continue
-        low, dash, high = item.partition("-")
-        if dash and low.isdigit() and high.isdigit() and int(high) - int(low) < 1024:
-            gpus += [str(index) for index in range(int(low), int(high) + 1)]
-        else:
-            gpus.append(item)
-    return tuple(dict.fromkeys(gpus))
-
-
-def show_job(job_id: str) -> str | None:
-    """``scontrol show job -d -o <id>``'s output; None where scontrol fails (no such job any more)."""
-    try:
-        done = subprocess.run(["scontrol", "show", "job", "-d", "-o", job_id], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("scontrol show job %s failed: %s", job_id, exc)
-        return None
-    if done.returncode != 0:
-        log.debug("scontrol show job %s: %s", job_id, done.stderr.strip()[:200])
-        return None
-    return done.stdout
 
 
 # -- the jobs' processes on this node ------------------------------------------------------------
