@@ -43,10 +43,11 @@ def make_store(clock) -> RunStore:
 
 
 def step(store, clock, number, seconds=None, run=RUN, source="/logs/train.log"):
+    """A step of ``run`` read from ``source``, a file the operator named (so two files may feed it)."""
     values = {"actor/pg_loss": 0.1}
     if seconds is not None:
         values["timing_s/step"] = seconds
-    store.ingest(Record(run, number, values, time=clock.now, source=source))
+    store.ingest(Record(run, number, values, time=clock.now, source=source, named=True))
 
 
 # -- when a run has stalled -----------------------------------------------------------------------
