@@ -327,12 +327,12 @@ def _mapping(value: Any, where: str, allowed: set | None, unsupported: set | fro
     return value
 
 
-_KEY_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+_KEY_LIKE = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
 
 
 def _key(key: Any) -> str:
-    """An unknown key, quoted when it looks like a setting's name (``tls_config``); anything else (a
-    long token, a line of a secret parsed as a key) is left to the line number."""
+    """An unknown key, quoted when it looks like a setting's name (``tls_config``: letters, ``_`` and
+    ``-``, short); anything else (a token, a line of a secret read as a key) is left to its line."""
     return f"{key!r} " if isinstance(key, str) and _KEY_LIKE.fullmatch(key) else ""
 
 
