@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools demo exporter-demo lint test bench generate fixtures clean
+.PHONY: install tools slurm-tools demo exporter-demo lint test bench generate fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,18 +17,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers,
-# VictoriaMetrics with vmagent and vmalert, and Slurm (slurmctld, slurmd, munge, clients), from Debian.
+# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers, and
+# VictoriaMetrics with vmagent and vmalert, from Debian.
 tools:
 	@if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
 	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v prometheus-node-exporter >/dev/null \
-	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null \
-	    || ! PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin" command -v slurmd >/dev/null \
-	    || ! PATH="$$PATH:/usr/sbin" command -v munged >/dev/null || ! command -v sbatch >/dev/null; then \
-	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter, victoria-metrics and slurm"; \
+	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null; then \
+	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter and victoria-metrics"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics \
-	    slurmctld slurmd munge slurm-client >/dev/null; \
+	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics >/dev/null; \
+	fi
+
+# Slurm (slurmctld, slurmd, munge and the clients) from Debian, for the tests that start a one-node cluster.
+slurm-tools:
+	@if ! PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin" command -v slurmd >/dev/null \
+	    || ! PATH="$$PATH:/usr/sbin" command -v munged >/dev/null || ! command -v sbatch >/dev/null; then \
+	  echo "installing Debian's slurmctld, slurmd, munge and slurm-client"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	    --no-install-recommends slurmctld slurmd munge slurm-client >/dev/null; \
 	fi
 
 # The exporter following a simulated verl run (SCENARIO, default lr-too-high) with 8 fake GPUs, a
@@ -45,7 +51,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: install tools lint
+test: install tools slurm-tools lint
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
