@@ -235,3 +235,108 @@ def test_a_bad_web_config_at_start_is_one_line_and_exit_2(tmp_path, case):
     assert result.returncode == 2, result
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("verl-exporter: error: ") and str(path) in lines[0], result.stderr
+
+
+def test_sighup_with_an_empty_web_config_keeps_tls_and_auth(tmp_path):
+    import base64
+    import ssl
+
+    pki = make_pki(tmp_path / "pki")
+    protected = {"basic_auth_users": {"alice": password_hash()},
+                 "tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}}
+    web_file = write_web_config(tmp_path / "web.yml", protected)
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    auth = {"Authorization": "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()}
+    with start_exporter(tmp_path, "--web.config.file", str(web_file), "--gpu.fake", "healthy:1",
+                        "--no-collector.host", context=context, headers=auth) as exporter:
+        url = f"127.0.0.1:{exporter.port}/metrics"
+        for text in ("", "# tls_server_config:\n#   cert_file: x\n", "tls_server_config:\nbasic_auth_users:\n"):
+            count = exporter.log().count("reload refused")
+            web_file.write_text(text)
+            exporter.process.send_signal(signal.SIGHUP)
+            wait_until(lambda count=count: exporter.log().count("reload refused") > count, message=repr(text))
+            line = [line for line in exporter.log().splitlines() if "reload refused" in line][-1]
+            assert "level=WARNING" in line and "TLS and basic auth off" in line, line
+            assert http_get("https://" + url, context=context)[0] == 401
+            assert http_get("https://" + url, context=context, headers=auth)[0] == 200
+        # On purpose: TLS off, auth kept.
+        write_web_config(web_file, {"tls_server_config": {}, "basic_auth_users": protected["basic_auth_users"]})
+        exporter.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "options reloaded" in exporter.log(), message="the reload")
+        assert http_get("http://" + url)[0] == 401 and http_get("http://" + url, headers=auth)[0] == 200
+        assert "options reloaded (none to apply; TLS off; basic auth on (1 users))" in exporter.log()
+        assert exporter.process.poll() is None and "Traceback" not in exporter.log()
+
+
+# A reload whose read of the web config never returns (a hung network file system).
+HUNG_RELOAD_READ = """
+import sys, threading
+from verl_exporter import web_config
+real = web_config.load
+calls = []
+def load(path):
+    calls.append(path)
+    if len(calls) > 1:
+        print("reload read started", flush=True)
+        threading.Event().wait()
+    return real(path)
+web_config.load = load
+from verl_exporter.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_during_a_reload_that_hangs_exits_0(tmp_path):
+    web_file = write_web_config(tmp_path / "web.yml", {})
+    process, log_path = start_raw(tmp_path, "--web.config.file", str(web_file), "--gpu.fake", "healthy:1",
+                                  "--no-collector.host", script=HUNG_RELOAD_READ)
+    try:
+        wait_until(lambda: "listening on" in log_path.read_text(), message="the listener")
+        process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reload read started" in log_path.read_text(), message="the reload")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0, log_path.read_text()
+    finally:
+        process.kill()
+        process.wait()
+    assert "shutting down" in log_path.read_text() and "Traceback" not in log_path.read_text()
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_sighup_with_a_fifo_or_dev_zero_web_config_is_refused_and_sigterm_still_stops(tmp_path, special):
+    import os
+
+    link = tmp_path / "web.yml"
+    write_web_config(link, {})
+    with start_exporter(tmp_path, "--web.config.file", str(link), "--gpu.fake", "healthy:1",
+                        "--no-collector.host") as exporter:
+        link.unlink()
+        if special == "fifo":
+            os.mkfifo(link)
+        else:
+            link.symlink_to(special)
+        exporter.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reloading the options failed" in exporter.log(), timeout=10, message="the refusal")
+        assert "not a regular file" in exporter.log()
+        assert exporter.get("/metrics")[0] == 200
+        exporter.process.send_signal(signal.SIGTERM)
+        assert exporter.process.wait(15) == 0, exporter.log()
+
+
+@pytest.mark.parametrize("stderr", ["/dev/full", "closed"])
+def test_port_in_use_exits_2_even_when_stderr_cannot_be_written(tmp_path, stderr):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+                   "--gpu.fake", "healthy:1", "--no-collector.host"]
+        if stderr == "/dev/full":
+            with open("/dev/full", "w") as full:
+                result = subprocess.run(command, stderr=full, stdout=subprocess.DEVNULL, timeout=60, cwd=REPO)
+        else:
+            result = subprocess.run(["sh", "-c", '"$@" 2>&-', "sh", *command], stdout=subprocess.DEVNULL,
+                                    timeout=60, cwd=REPO)
+    assert result.returncode == 2
