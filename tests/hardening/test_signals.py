@@ -340,3 +340,28 @@ def test_port_in_use_exits_2_even_when_stderr_cannot_be_written(tmp_path, stderr
             result = subprocess.run(["sh", "-c", '"$@" 2>&-', "sh", *command], stdout=subprocess.DEVNULL,
                                     timeout=60, cwd=REPO)
     assert result.returncode == 2
+
+
+def test_a_reload_that_hangs_is_given_up_and_the_exporter_keeps_serving(tmp_path):
+    web_file = write_web_config(tmp_path / "web.yml", {})
+    script = HUNG_RELOAD_READ.replace("from verl_exporter.cli import main",
+                                      "from verl_exporter import cli\ncli.RELOAD_READ_SECONDS = 1\nmain = cli.main")
+    port = free_port()
+    log_file = tmp_path / "hung.log"
+    with open(log_file, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-c", script, "--web.listen-address", f"127.0.0.1:{port}",
+                                    "--web.config.file", str(web_file), "--gpu.fake", "healthy:1",
+                                    "--no-collector.host"], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_until(lambda: "listening on" in log_file.read_text(), message="the listener")
+        process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reading the files took more than 1s" in log_file.read_text(), message="given up")
+        assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+        process.send_signal(signal.SIGHUP)  # the hung read is still there: no second one piles up
+        wait_until(lambda: "still reading its files" in log_file.read_text(), message="the second reload refused")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0, log_file.read_text()
+    finally:
+        process.kill()
+        process.wait()
+    assert "Traceback" not in log_file.read_text()
