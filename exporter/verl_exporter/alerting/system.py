@@ -54,7 +54,12 @@ RUN_GPUS = ("{{ with printf `project_experiment:verl_gpu_utilization_ratio:avg{p
 # The runs a node works for (verl_node_run_info), where its exporter names any.
 NODE_RUNS_QUOTED = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.instance | query }} (working for"
              "{{ range . }} {{ .Labels.project }}/{{ .Labels.experiment }}{{ end }}){{ end }}")
-JOB_GONE = "and on(job, instance) verl_job_running == 0"
+# The run's job has no live process. A sidecar serves one verl_job_running per exporter, without run labels;
+# a node exporter under --slurm serves one per job's run, with them: a run is gone unless its own job
+# (or the sidecar's job) still runs, on an exporter that watches jobs at all.
+JOB_GONE = ("unless on(job, instance, project, experiment) verl_job_running == 1 "
+            "unless on(job, instance) verl_job_running{project=\"\"} == 1 "
+            "and on(job, instance) verl_job_running")
 JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
            "the last checkpoint (`trainer.resume_mode=auto`).")
 
