@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 
-from servers import REPO, prom_query, start_exporter, start_prometheus, wait_until
+from servers import prom_query, start_exporter, start_prometheus, wait_until
 from verl_exporter import shipped
 
 RUN = {"project": "demo", "experiment": "healthy"}
@@ -105,7 +105,7 @@ def test_another_runs_node_counts_for_that_run_only(cluster):
 
 def test_run_dashboard_lists_the_runs_nodes_and_their_gpus(cluster):
     prom, instances = cluster
-    dashboard = json.loads((REPO / "grafana" / "dashboards" / "run-detail.json").read_text())
+    dashboard = json.loads((shipped.dashboards_dir() / "run-detail.json").read_text())
     panels = {p["title"]: p for p in dashboard["panels"] if "targets" in p}
 
     def results(title: str, ref: int = 0) -> list:
