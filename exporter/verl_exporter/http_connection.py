@@ -43,6 +43,7 @@ MAX_CONNECTIONS = 256
 MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written
 PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
 CHUNK = 128 * 1024
+MAX_BODY_BYTES = 64 * 1024  # of a request body, read and dropped so the connection can serve the next request
 
 _TLS_HANDSHAKE = 0x16
 _PLAIN_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
@@ -54,6 +55,18 @@ def printable(data: bytes | str, limit: int = 200) -> str:
     non-ASCII escaped, so a client cannot forge log lines or send terminal escapes."""
     text = data.decode("latin-1") if isinstance(data, bytes) else data
     return text[:limit].encode("unicode_escape").decode("ascii")
+
+
+def _small_body(request: h11.Request) -> bool:
+    """Whether the request declares a body of at most MAX_BODY_BYTES (none counts), which is read and
+    dropped so the connection serves on; a larger or chunked one is not waited for: the answer closes."""
+    length = 0
+    for name, value in request.headers:
+        if name == b"transfer-encoding":
+            return False
+        if name == b"content-length":
+            length = int(value) if value.isdigit() else MAX_BODY_BYTES + 1
+    return length <= MAX_BODY_BYTES
 
 
 def request_path(target: bytes) -> str:
@@ -335,10 +348,13 @@ class _Connection:
             if request is None:
                 return
             self.busy = True
+            complete = _small_body(request) and await self._skip_body(conn)
             self._disarm()
             method = request.method.decode("ascii", "replace")
             target = request_path(request.target)
             status, body, headers = await self.server.answer(self.web, request, method, target)
+            if not complete:  # the rest of a body too large to skip: this connection serves no more
+                headers = [*headers, ("Connection", "close")]
             log.debug("%s \"%s %s HTTP/%s\" %d %d", self.client, printable(method), printable(target),
                       printable(request.http_version), status, len(body))
             self._arm(self.server.write_timeout)
@@ -353,6 +369,31 @@ class _Connection:
                     or request.http_version not in (b"1.0", b"1.1")):
                 return  # Connection: close, HTTP/1.0, a request body we do not read, an unknown version
             conn.start_next_cycle()
+
+    async def _skip_body(self, conn: h11.Connection) -> bool:
+        """Read the request's body (none for a GET) to its end and drop it, under the header deadline;
+        False when it is longer than MAX_BODY_BYTES or cannot be read, so the connection closes after
+        the answer (a client that reuses it then knows)."""
+        assert self.reader is not None
+        seen = 0
+        try:
+            while True:
+                event = conn.next_event()
+                if isinstance(event, h11.EndOfMessage):
+                    return True
+                if isinstance(event, h11.Data):
+                    seen += len(event.data)
+                    if seen > MAX_BODY_BYTES:
+                        return False
+                elif event is h11.NEED_DATA:
+                    data = await self.reader.read(MAX_HEADER_BYTES)
+                    if not data:
+                        return False
+                    conn.receive_data(data)
+                else:
+                    return False
+        except h11.RemoteProtocolError:
+            return False
 
     async def _next_request(self, conn: h11.Connection) -> h11.Request | None:
         """The next request's head, None when the client closed; protocol errors are answered here."""

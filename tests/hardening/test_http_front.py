@@ -6,6 +6,7 @@ the Server header, user enumeration by timing, control bytes in the log)."""
 from __future__ import annotations
 
 import base64
+import http.client
 import logging
 import os
 import resource
@@ -61,9 +62,9 @@ def served(monkeypatch):
         return http.server_address[1]
 
     yield start
-    for http in started:
-        http.shutdown()
-        http.server_close()
+    for server in started:
+        server.shutdown()
+        server.server_close()
 
 
 def start_process(tmp_path, *args: str, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
@@ -348,3 +349,30 @@ def test_control_bytes_from_the_request_are_escaped_in_the_log(served, caplog):
     messages = [record.getMessage() for record in caplog.records if record.name == "verl_exporter.server"]
     assert not [m for m in messages if "\x1b" in m or "\r" in m], messages
 
+
+
+def test_one_connection_serves_request_after_request(served):
+    """Keep-alive, as Prometheus's and vmagent's clients use it: the connection serves the next request."""
+    port = served(Exposition([_Counting()]))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        for path in ("/metrics", "/metrics", "/-/healthy", "/metrics"):
+            connection.request("GET", path)
+            response = connection.getresponse()
+            assert response.status == 200 and response.read()
+            assert response.getheader("Connection") is None
+        local = connection.sock.getsockname()
+        connection.request("GET", "/metrics")
+        connection.getresponse().read()
+        assert connection.sock.getsockname() == local  # still the first connection
+    finally:
+        connection.close()
+
+
+def test_a_request_body_is_skipped_and_a_big_one_closes_the_connection(served):
+    port = served(Exposition([_Counting()]))
+    small = raw_request(port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+                              b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert small.count(b"HTTP/1.1 200") == 2
+    big = raw_request(port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n" + b"x" * 70_000)
+    assert status(big) == 200 and b"connection: close" in big.lower()
