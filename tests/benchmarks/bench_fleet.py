@@ -6,9 +6,9 @@ Each figure is taken against a reference measured in the same run, on the same m
   validation keys), against a plain HTTP server
   (another process) sending the same bytes; once with nothing changing, once after every run logged
   a new step;
-- ``backlog``: F files with M MB of backlog each (hard links of one simulated JSONL file, so the
-  page cache holds it once): time to listen, time to /-/ready, time until every run's last step is
-  served, peak RSS (the kernel's VmHWM), against an exporter started on an empty directory;
+- ``backlog``: F files with M MB of backlog each (copies of one simulated JSONL file; hard links
+  would be one file, which the exporter follows once): time to listen, time to /-/ready, time until
+  every run's last step is served, peak RSS (the kernel's VmHWM), against an exporter started on an empty directory;
 - ``descriptors``: D one-step files under an open-file limit (``RLIMIT_NOFILE`` set in the child):
   does it start and serve every run;
 - ``concurrent``: S scrapers scraping one exporter (one run with every catalog metric, 8 fake GPUs,
@@ -266,7 +266,7 @@ def bench_backlog(work: Path, code: Path, cache: Path, files: int, mb: float) ->
     for index in range(files):
         path = root / f"team{index % 10}" / f"exp{index}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.link(source, path)
+        shutil.copyfile(source, path)  # copies: hard links are one file, which the exporter follows once
     with source.open("rb") as handle:  # from the page cache, for both
         while handle.read(8 << 20):
             pass
