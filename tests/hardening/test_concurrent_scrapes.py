@@ -11,7 +11,7 @@ from hardening_helpers import jsonl, metrics_when, value
 from servers import start_exporter
 
 SCRAPERS = 50
-SECONDS = float(os.environ.get("VERL_HARDENING_SCRAPE_SECONDS", "30"))
+SECONDS = float(os.environ.get("VERL_HARDENING_SCRAPE_SECONDS", "15"))
 MIB = 1 << 20
 
 
