@@ -7,11 +7,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 # Counts one value a parser left out, by reason ("not_a_number", "object", "list", "null").
 DropCounter = Callable[[str], None]
-V = TypeVar("V")
 # How long verl says a step took (timing/step before 0.4; perf/time_per_step in its throughput keys).
 STEP_DURATION_KEYS = ("timing_s/step", "timing/step", "perf/time_per_step")
 # How long verl says a step's checkpoint save took (logged in the step after the save).
@@ -61,17 +59,6 @@ class Record:
     error: str | None = None
     line: str = ""
     named: bool = False  # the operator named the file (a path, not a glob's match) or the run (flags)
-
-
-def drop_long_keys(values: Mapping[str, V], dropped: DropCounter | None) -> Mapping[str, V]:
-    """``values`` without the keys longer than ``MAX_KEY_CHARS``, each counted as ``key_too_long``."""
-    if not values or max(map(len, values)) <= MAX_KEY_CHARS:
-        return values
-    kept = {key: value for key, value in values.items() if len(key) <= MAX_KEY_CHARS}
-    if dropped is not None:
-        for _ in range(len(values) - len(kept)):
-            dropped("key_too_long")
-    return kept
 
 
 def is_event(record: Record) -> bool:

@@ -29,7 +29,7 @@ from typing import cast
 
 from . import run_settings
 from .catalog import Catalog
-from .records import Record, RunKey, is_event
+from .records import MAX_KEY_CHARS, Record, RunKey, is_event
 from .run_state import CheckpointState, RunState, StoreSnapshot
 from .series_names import SeriesNames
 
@@ -85,7 +85,11 @@ class RunStore:
                 state = self._new_run(record)
                 if state is None:
                     return
-            if record.source and not self._may_feed(state, record):
+            source = record.source
+            if source == state.owner:  # the common case, kept cheap: the run's own file
+                if record.time > state.owner_at:
+                    state.owner_at = record.time
+            elif source and not self._may_feed(state, record):
                 return
             self._version += 1
             state.version = self._version
@@ -125,7 +129,8 @@ class RunStore:
                 state.room = None  # counted again when the cap is next reached
             else:
                 self._update_capped(state, values)
-            if len(latest) != known:
+            if len(latest) != known:  # new keys: checked here, not on every record
+                self._drop_long_keys(state, source, values)
                 self._find_respellings(state, values)
             if state.logged_at:
                 self._stamp(state, values)
@@ -165,6 +170,14 @@ class RunStore:
                         "set --project and --experiment, to read both)", source, record.run.project,
                         record.run.experiment, owner)
         return False
+
+    def _drop_long_keys(self, state: RunState, source: str, values: Mapping[str, float | str]) -> None:
+        """Keys longer than ``MAX_KEY_CHARS`` are not kept: counted as dropped (``key_too_long``) each
+        time they are logged."""
+        for key in [key for key in values if len(key) > MAX_KEY_CHARS and key in state.values]:
+            del state.values[key]
+            state.room = None
+            self._count_dropped(source, "key_too_long")
 
     def _new_run(self, record: Record) -> RunState | None:
         """A place for a run not seen yet: None for a record of a run already past its idle

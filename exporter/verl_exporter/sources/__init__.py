@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Mapping, Protocol
 
-from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path, drop_long_keys
+from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.config_files import CONFIG_READER, ConfigReader, Result, signature
 from verl_exporter.sources.console import (
@@ -257,7 +257,7 @@ class Source:
             if parsed is None:
                 return None
             state.last_step = parsed[0]
-            return Record(state.run, parsed[0], drop_long_keys(parsed[1], state.dropped), now, source=state.path)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
 
         if state.config_print is not None or "{'" in line:
             record = self._config_print(state, line, now)
@@ -275,13 +275,13 @@ class Source:
                   if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
-            return Record(state.run, parsed[0], drop_long_keys(parsed[1], state.dropped), now, source=state.path)
+            return Record(state.run, parsed[0], parsed[1], now, source=state.path)
         if MARKER in line:
             saved = parse_checkpoint_start(line)
             if saved is not None:
                 return Record(state.run, state.last_step or 0, {}, now, source=state.path, checkpoint_step=saved)
         if after_step and state.last_step is not None:
-            values = drop_long_keys(parse_console_continuation(line, state.dropped) or {}, state.dropped)
+            values = parse_console_continuation(line, state.dropped) or {}
             if values:
                 state.after_step = True
                 return Record(state.run, state.last_step, values, now, source=state.path)
