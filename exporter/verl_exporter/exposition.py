@@ -15,6 +15,7 @@ ask for.
 from __future__ import annotations
 
 import gzip
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 _HEADER_LINES = 2  # "# HELP" and "# TYPE"
 
@@ -52,8 +54,50 @@ class _One:
 
 
 def family_text(metric: Metric) -> bytes:
-    """One family in the text format, as client_python writes it."""
-    return generate_latest(_One(metric))
+    """One family in the text format, as client_python writes it: gauges and counters with plain
+    names and no timestamps are written here (a scrape writes hundreds), others by client_python."""
+    text = _plain_text(metric)
+    return text if text is not None else generate_latest(_One(metric))
+
+
+_PLAIN_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_PLAIN_LABEL = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_plain_labels: set[str] = set()  # label names seen to need no escaping (bounded below)
+
+
+def _plain_text(metric: Metric) -> bytes | None:
+    """``generate_latest``'s bytes for a gauge or counter whose names need no escaping and whose
+    samples carry no timestamp, else None."""
+    kind = metric.type
+    if kind not in ("gauge", "counter"):
+        return None
+    name = metric.name + "_total" if kind == "counter" else metric.name
+    if not _PLAIN_NAME.match(name):
+        return None
+    documentation = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    lines = [f"# HELP {name} {documentation}\n# TYPE {name} {kind}\n"]
+    special = (metric.name + "_created", metric.name + "_gsum", metric.name + "_gcount")
+    names: set[str] = set()
+    for sample in metric.samples:
+        if sample.name not in names:
+            if sample.name in special or not _PLAIN_NAME.match(sample.name):
+                return None
+            names.add(sample.name)
+        if sample.timestamp is not None:
+            return None
+        labels = sample.labels
+        if not labels:
+            lines.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+            continue
+        for label in labels:
+            if label not in _plain_labels:
+                if not _PLAIN_LABEL.match(label):
+                    return None
+                if len(_plain_labels) < 10_000:
+                    _plain_labels.add(label)
+        text = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(labels.items()))
+        lines.append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+    return "".join(lines).encode("utf-8")
 
 
 def split_header(text: bytes) -> tuple[bytes, bytes]:

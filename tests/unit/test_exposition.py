@@ -168,3 +168,32 @@ def test_every_path_serves_the_same_samples():
     from prometheus_client.parser import text_string_to_metric_families as text_families
 
     assert of(text_families(text)) == of(text_string_to_metric_families(openmetrics.decode()))
+
+
+def test_family_text_writes_what_client_pythons_writer_writes():
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+    from prometheus_client.metrics_core import Metric
+
+    from verl_exporter.exposition import _One, family_text
+
+    families = []
+    gauge = GaugeMetricFamily("verl_a", 'help with \\ and\nnewline and "quotes"', labels=["b", "a", "__c"])
+    gauge.add_metric(['v"1', "x\\y\nz", "é"], math.nan)
+    gauge.add_metric(["", "", ""], math.inf)
+    families.append(gauge)
+    counter = CounterMetricFamily("verl_b", "a counter", labels=["mode"])
+    counter.add_metric(["user"], 1e22)
+    counter.add_metric(["system"], -0.0, created=12.0)  # a _created sample: client_python's layout
+    families.append(counter)
+    stamped = GaugeMetricFamily("verl_c", "stamped")
+    stamped.add_metric([], 1.0, timestamp=5.0)
+    families.append(stamped)
+    odd = Metric("verl.d", "odd name", "gauge")
+    odd.add_sample("verl.d", {"la.bel": "x"}, 1.0)
+    families += [odd, InfoMetricFamily("verl_e", "info", value={"k": "v"})]
+    plain = GaugeMetricFamily("verl_f", "plain", labels=["gpu", "uuid"])
+    for index in range(3):
+        plain.add_metric([str(index), f"GPU-{index}"], index / 3)
+    families.append(plain)
+    for family in families:
+        assert family_text(family) == generate_latest(_One(family)), family.name
