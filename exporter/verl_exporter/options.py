@@ -19,13 +19,13 @@ import argparse
 import dataclasses
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from . import __version__
+from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
 from .option_kinds import COUNT, DURATION, SWITCH, TEXT, Choice, Count, Duration, Kind, Paths, Switch, Text, _shown
 
 DEFAULT_PORT = 9945
@@ -287,35 +287,15 @@ def _file_value_error(path: str | None, from_file: dict, flag: str, exc: ValueEr
     return f"options file {path}: {flag} {reason}{f' (line {line})' if line else ''}".replace("\n", " ")
 
 
-def _read_bounded(path: str) -> bytes:
-    """At most ``MAX_OPTIONS_FILE_BYTES`` of the regular file ``path``: a FIFO or a device (``/dev/zero``)
-    is refused before any read, so a reload can neither block nor read without end."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OptionsError(f"cannot read options file {path}: not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_OPTIONS_FILE_BYTES:
-            chunk = os.read(fd, MAX_OPTIONS_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_OPTIONS_FILE_BYTES:
-        raise OptionsError(f"cannot read options file {path}: larger than {MAX_OPTIONS_FILE_BYTES} bytes")
-    return b"".join(chunks)
-
-
 def _read_file(path: str | None) -> dict:
     """The options file's mapping (with the line of each option). Error messages name the file, the
     line and the option, never what the file holds."""
     if not path:
         return {}
     try:
-        text = _read_bounded(path).decode("utf-8")
+        text = read_regular_file(path, MAX_OPTIONS_FILE_BYTES).decode("utf-8")
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise OptionsError(f"cannot read options file {path}: {exc}") from None
     except OSError as exc:
         raise OptionsError(f"cannot read options file {path}: {exc.strerror or type(exc).__name__}") from None
     except UnicodeDecodeError as exc:

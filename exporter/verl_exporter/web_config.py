@@ -14,10 +14,8 @@ that points at a secret must not copy the secret into the log.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import ssl
-import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -26,6 +24,8 @@ from typing import Any
 
 import bcrypt
 import yaml
+
+from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
 
 
 class WebConfigError(Exception):
@@ -179,7 +179,7 @@ def load(path: str | None) -> WebConfig:
     if not path:
         return WebConfig()
     where = f"web config file {path}"
-    raw = read_regular_file(path, where, MAX_WEB_CONFIG_BYTES)
+    raw = _read_bounded(path, where, MAX_WEB_CONFIG_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,34 +191,16 @@ def load(path: str | None) -> WebConfig:
         raise WebConfigError(f"{where}: {exc}") from None
 
 
-def read_regular_file(path: str, what: str, limit: int) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them; WebConfigError otherwise.
-
-    Opened without blocking, so a FIFO with no writer cannot hold the open up; a FIFO, a device
-    (``/dev/zero``) or a directory is refused before a byte is read.
-    """
+def _read_bounded(path: str, what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; WebConfigError otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        return read_regular_file(path, limit)
+    except NotRegularFile:
+        raise WebConfigError(f"cannot read {what}: not a regular file") from None
+    except FileTooLarge:
+        raise WebConfigError(f"cannot read {what}: larger than {limit // 1024} KiB") from None
     except OSError as exc:
         raise WebConfigError(f"cannot read {what}: {exc.strerror or type(exc).__name__}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise WebConfigError(f"cannot read {what}: not a regular file")
-        chunks, size = [], 0
-        while size <= limit:  # st_size can lie (a file that grows, /proc): count what is read
-            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise WebConfigError(f"cannot read {what}: larger than {limit // 1024} KiB")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise WebConfigError(f"cannot read {what}: {exc.strerror or type(exc).__name__}") from None
-    finally:
-        os.close(fd)
 
 
 class _AliasRefused(yaml.YAMLError):
@@ -381,7 +363,7 @@ def _tls_context(tls: dict, base: Path, at: _Lines = _NO_LINES) -> ssl.SSLContex
         raise WebConfigError(f"client_auth_type {auth} needs client_ca_file")
     for name, value in (("cert_file", cert), ("key_file", key), ("client_ca_file", client_ca)):
         if value is not None:  # ssl reads them by name: a FIFO or /dev/zero must not reach it
-            read_regular_file(value, f"{name} {value}", MAX_PEM_BYTES)
+            _read_bounded(value, f"{name} {value}", MAX_PEM_BYTES)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _version(tls, "min_version", "TLS12", at)
     context.maximum_version = _version(tls, "max_version", "TLS13", at)

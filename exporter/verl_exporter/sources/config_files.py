@@ -10,17 +10,16 @@ as it is then. So a large or slow config costs its own parse, never the steps of
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections import deque
 from collections.abc import Callable
 
+from verl_exporter.bounded_files import FileTooLarge, NotRegularFile, read_regular_file
 from verl_exporter.records import ParseError
 from verl_exporter.sources.run_config import MAX_CONFIG_CHARS, Scalar, flatten, read_config_text
 
 Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
 Result = tuple[str, "dict[str, Scalar] | ParseError"]  # (path, flattened config or why not)
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def signature(path: str) -> Signature | None:
@@ -35,24 +34,14 @@ def signature(path: str) -> Signature | None:
 def read_config_file(path: str) -> dict[str, Scalar]:
     """The flattened config of the regular file ``path``, read within ``MAX_CONFIG_CHARS`` bytes."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        raw = read_regular_file(path, MAX_CONFIG_CHARS)
+    except NotRegularFile:
+        raise ParseError("config file is not a regular file") from None
+    except FileTooLarge:
+        raise ParseError(f"config file larger than {MAX_CONFIG_CHARS} characters") from None
     except OSError as exc:
         raise ParseError(f"cannot read the config file: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ParseError("config file is not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_CONFIG_CHARS:
-            chunk = os.read(fd, MAX_CONFIG_CHARS + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_CONFIG_CHARS:
-        raise ParseError(f"config file larger than {MAX_CONFIG_CHARS} characters")
-    return flatten(read_config_text(b"".join(chunks).decode("utf-8", "replace")))
+    return flatten(read_config_text(raw.decode("utf-8", "replace")))
 
 
 class ConfigReader:
