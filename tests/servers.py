@@ -67,11 +67,12 @@ def require_binary(name: str) -> str:
 
 class Server:
     def __init__(self, name: str, args: list[str], port: int, log_path: Path, ready_path: str,
-                 env: dict | None = None, cwd: Path | None = None, context=None, headers: dict | None = None):
+                 env: dict | None = None, cwd: Path | None = None, context=None, headers: dict | None = None,
+                 host: str = "127.0.0.1"):
         self.name = name
         self.port = port
         self.context, self.headers = context, headers  # for https and basic auth
-        self.url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
+        self.url = f"{'https' if context else 'http'}://{host}:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
@@ -122,8 +123,9 @@ def start_exporter(tmp_path: Path, *args: str, ready_path: str = "/-/ready", con
 
 
 def start_prometheus(tmp_path: Path, config: dict | str, *, rule_files: list[Path] = (),
-                     extra_args: list[str] = ()) -> Server:
-    """A real Prometheus with ``config`` (dict or YAML text); ``rule_files`` are copied beside it."""
+                     extra_args: list[str] = (), command_prefix: list[str] = ()) -> Server:
+    """A real Prometheus with ``config`` (dict or YAML text); ``rule_files`` are copied beside it;
+    ``command_prefix`` runs it under a wrapper (a mount namespace with a hosts file of its own)."""
     binary = require_binary("prometheus")
     port = free_port()
     workdir = tmp_path / f"prometheus-{port}"
@@ -132,7 +134,8 @@ def start_prometheus(tmp_path: Path, config: dict | str, *, rule_files: list[Pat
         shutil.copy(rule_file, workdir / Path(rule_file).name)
     text = config if isinstance(config, str) else json.dumps(config)
     (workdir / "prometheus.yml").write_text(text)
-    cmd = [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+    cmd = [*command_prefix, binary, f"--config.file={workdir / 'prometheus.yml'}",
+           f"--storage.tsdb.path={workdir / 'data'}",
            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args]
     return Server("prometheus", cmd, port, workdir / "prometheus.log", "/-/ready", cwd=workdir)
 

@@ -1,4 +1,4 @@
-"""A real one-node Slurm cluster for tests: munged, slurmctld and slurmd from Debian, in a temp dir.
+"""A real Slurm cluster for tests: munged, slurmctld and slurmd from Debian, in a temp dir.
 
 ``slurm_cluster(workdir)`` is a context manager: it writes a munge key and a ``slurm.conf`` (the
 node's real CPUs and memory from ``slurmd -C``, free loopback ports, every state, spool, log and pid
@@ -7,6 +7,13 @@ the test process, waits until ``sinfo`` shows the node idle and yields a :class:
 On the way out it cancels every job, stops the daemons and kills whatever still carries the
 cluster's marker in its environment (the job steps ``slurmstepd`` forks off and the jobs' own
 processes), so nothing outlives the cluster, also when the body raised.
+
+With ``nodes=N`` (N > 1) the cluster has N compute nodes ``node1``..``nodeN``, each a slurmd in
+namespaces of its own (``slurm_nodes.py``: its own address, host name and ``/proc``), each with two
+GPUs in Slurm's eyes (``Gres=gpu:2``, device files that are ``/dev/null``'s twins), so that a job of
+several nodes runs the way verl's Ray-on-Slurm example runs: ``cluster.on_node(name, argv)`` starts a
+process inside a node (a per-node exporter), ``cluster.with_hosts(argv)`` one on the machine that
+resolves the nodes' names (a Prometheus that scrapes them).
 
 Where the daemons cannot start (not root, packages missing, the container forbids something) it
 raises :class:`SlurmUnavailable` with the reason and the daemon's log tail; the ``slurm`` fixture in
@@ -22,11 +29,14 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from slurm_nodes import NodeNetwork, NodesUnavailable, enter_command, init_pid, kill_node
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "squeue", "sbatch", "scontrol", "scancel")
@@ -71,7 +81,9 @@ def node_name(node: dict[str, str]) -> str:
     return node.get("NodeName") or socket.gethostname().split(".")[0]
 
 
-def write_conf(workdir: Path, *, node: dict[str, str], ctld_port: int, slurmd_port: int, munge_socket: Path) -> Path:
+def write_conf(workdir: Path, *, node: dict[str, str], ctld_port: int, slurmd_port: int, munge_socket: Path,
+               network: NodeNetwork | None = None) -> Path:
+    """``slurm.conf`` for this machine as the one node, or for the nodes of ``network`` (two GPUs each)."""
     hostname = node_name(node)
     dirs = {name: workdir / name for name in ("state", "spool", "log", "run")}
     for path in dirs.values():
@@ -79,9 +91,27 @@ def write_conf(workdir: Path, *, node: dict[str, str], ctld_port: int, slurmd_po
     # The node's words from `slurmd -C` past CPUs and memory (sockets, cores, threads) must agree with
     # CPUs, so they are kept as printed; UpTime is not a node setting.
     hardware = " ".join(f"{key}={value}" for key, value in node.items() if key not in ("NodeName", "UpTime"))
+    if network is None:
+        controller = "127.0.0.1"
+        nodes = f"NodeName={hostname} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN"
+        partition, per_node = hostname, ""
+    else:
+        controller = network.controller_address
+        nodes = "\n".join(f"NodeName={name} NodeAddr={address} {hardware} Gres=gpu:2 State=UNKNOWN"
+                          for name, address in network.addresses.items())
+        partition, per_node = ",".join(network.addresses), "-%n"
+        devices = workdir / "dev"
+        devices.mkdir(exist_ok=True)
+        for index in range(2):  # GPUs in Slurm's eyes: character devices, /dev/null's numbers
+            path = devices / f"nvidia{index}"
+            if not path.exists():
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (workdir / "gres.conf").write_text(f"Name=gpu File={devices}/nvidia[0-1]\n")
+        for name in network.addresses:
+            (dirs["spool"] / name).mkdir(exist_ok=True)
     conf = f"""\
 ClusterName=verltest
-SlurmctldHost={hostname}(127.0.0.1)
+SlurmctldHost={hostname}({controller})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -106,16 +136,17 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 MessageTimeout=10
 StateSaveLocation={dirs['state']}
-SlurmdSpoolDir={dirs['spool']}
+SlurmdSpoolDir={dirs['spool']}{'/%n' if network else ''}
 SlurmctldPidFile={dirs['run'] / 'slurmctld.pid'}
-SlurmdPidFile={dirs['run'] / 'slurmd.pid'}
+SlurmdPidFile={dirs['run'] / 'slurmd'}{per_node}.pid
 SlurmctldLogFile={dirs['log'] / 'slurmctld.log'}
-SlurmdLogFile={dirs['log'] / 'slurmd.log'}
+SlurmdLogFile={dirs['log'] / 'slurmd'}{per_node}.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={workdir / 'plugstack.conf'}
-NodeName={hostname} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
-PartitionName=debug Nodes={hostname} Default=YES MaxTime=INFINITE State=UP
+{"GresTypes=gpu" if network else ""}
+{nodes}
+PartitionName=debug Nodes={partition} Default=YES MaxTime=INFINITE State=UP
 """
     (workdir / "plugstack.conf").write_text("")
     path = workdir / "slurm.conf"
@@ -130,8 +161,26 @@ class SlurmCluster:
     workdir: Path
     conf: Path
     env: dict[str, str]
-    node: str
+    node: str  # the first node's name
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    network: NodeNetwork | None = None  # with several nodes
+    nodes: list[str] = field(default_factory=list)
+
+    def address(self, node: str) -> str:
+        """Where the machine reaches ``node`` (127.0.0.1 for the one-node cluster)."""
+        return self.network.addresses[node] if self.network else "127.0.0.1"
+
+    def on_node(self, node: str, command: list[str]) -> list[str]:
+        """``command`` to run inside ``node`` (its network, host name and processes)."""
+        if self.network is None:
+            return command
+        pid = init_pid(self.processes[f"slurmd-{node}"].pid)
+        assert pid is not None, f"{node} has no init process"
+        return enter_command(pid, command)
+
+    def with_hosts(self, command: list[str]) -> list[str]:
+        """``command`` on the machine, with the nodes' names resolving to their addresses."""
+        return self.network.with_hosts(command) if self.network else command
 
     def run(self, *args: str, timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess:
         """A Slurm client command with ``env``; raises with its stderr when it fails (``check``)."""
@@ -202,8 +251,10 @@ class SlurmCluster:
         return f"--- {daemon} log ({path}) ---\n" + "\n".join(text)
 
     def node_state(self) -> str:
-        result = self.run("sinfo", "--noheader", "--node", self.node, "--format=%T", check=False)
-        return result.stdout.strip()
+        """The nodes' state, one word where they agree (``idle``), else each node's."""
+        result = self.run("sinfo", "--noheader", "--Node", "--format=%T", check=False)
+        states = set(result.stdout.split())
+        return states.pop() if len(states) == 1 else " ".join(sorted(states))
 
 
 def _sweep(marker_value: str, *, exclude: set[int]) -> list[int]:
@@ -235,8 +286,8 @@ def _stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(workdir: Path, *, start_timeout: float = START_TIMEOUT) -> Iterator[SlurmCluster]:
-    """Start a one-node cluster under ``workdir`` (must exist and be private to the caller)."""
+def slurm_cluster(workdir: Path, *, start_timeout: float = START_TIMEOUT, nodes: int = 1) -> Iterator[SlurmCluster]:
+    """Start a cluster of ``nodes`` nodes under ``workdir`` (must exist and be private to the caller)."""
     if os.geteuid() != 0:
         raise SlurmUnavailable("the test Slurm cluster runs its daemons as root (SlurmUser=root); not root here")
     binaries = {name: _binary(name) for name in (*DAEMONS, *CLIENTS)}
@@ -251,13 +302,26 @@ def slurm_cluster(workdir: Path, *, start_timeout: float = START_TIMEOUT) -> Ite
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
     munge_socket = munge_dir / "munge.socket"
-    conf = write_conf(workdir, node=node, ctld_port=_free_port(), slurmd_port=_free_port(), munge_socket=munge_socket)
+    network = None
+    if nodes > 1:
+        try:
+            network = NodeNetwork.create([f"node{index}" for index in range(1, nodes + 1)], workdir)
+        except NodesUnavailable as exc:
+            raise SlurmUnavailable(f"no network namespaces for {nodes} nodes: {exc}") from exc
+    try:
+        conf = write_conf(workdir, node=node, ctld_port=_free_port(), slurmd_port=_free_port(),
+                          munge_socket=munge_socket, network=network)
+    except BaseException:
+        if network is not None:
+            network.remove()
+        raise
     marker = str(workdir)
     env = {**os.environ, "SLURM_CONF": str(conf), MARKER: marker}
     for name in list(env):  # a job's settings in the caller's environment would leak into sbatch
         if name.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SINFO_")) and name != "SLURM_CONF":
             del env[name]
-    cluster = SlurmCluster(workdir=workdir, conf=conf, env=env, node=node_name(node))
+    names = list(network.addresses) if network else [node_name(node)]
+    cluster = SlurmCluster(workdir=workdir, conf=conf, env=env, node=names[0], network=network, nodes=names)
     logs = workdir / "log"
     logs.mkdir(exist_ok=True)
 
@@ -281,8 +345,12 @@ def slurm_cluster(workdir: Path, *, start_timeout: float = START_TIMEOUT) -> Ite
         start("slurmctld", [binaries["slurmctld"], "-D", "-f", str(conf)])
         _wait(lambda: cluster.run("scontrol", "ping", check=False, timeout=5).returncode == 0, cluster, "slurmctld",
               start_timeout, unavailable)
-        start("slurmd", [binaries["slurmd"], "-D", "-f", str(conf)])
-        _wait(lambda: cluster.node_state() == "idle", cluster, "slurmd", start_timeout, unavailable)
+        if network is None:
+            start("slurmd", [binaries["slurmd"], "-D", "-f", str(conf)])
+        for name in names if network else ():
+            start(f"slurmd-{name}", network.node_command(name, [binaries["slurmd"], "-D", "-f", str(conf)]))
+        _wait(lambda: cluster.node_state() == "idle", cluster, "slurmd" if network is None else f"slurmd-{names[0]}",
+              start_timeout, unavailable)
         yield cluster
     finally:
         _shutdown(cluster, marker)
@@ -308,9 +376,15 @@ def _shutdown(cluster: SlurmCluster, marker: str) -> None:
             jobs = cluster.run("squeue", "--noheader", "--format=%i", check=False, timeout=5).stdout.split()
             if jobs:
                 cluster.run("scancel", *jobs, check=False, timeout=5)
+    for name, process in processes.items():
+        if name.startswith("slurmd-"):
+            kill_node(process.pid)
+            _stop(process)
     for name in ("slurmd", "slurmctld", "munged"):
         if name in processes:
             _stop(processes[name])
+    if cluster.network is not None:
+        cluster.network.remove()
     # slurmstepd daemonizes, so jobs are nobody's children here: what carries the marker goes.
     exclude = {os.getpid(), *(p.pid for p in processes.values())}
     for _ in range(3):

@@ -315,12 +315,13 @@ class Exporter:
 
         collectors["node"] = NodeCollector(self.store if options.collector_training else None,
                                            lambda: (self.options.project, self.options.experiment),
-                                           max_runs=lambda: self.options.node_max_runs)
+                                           max_runs=lambda: self.options.node_max_runs,
+                                           job_runs=self.slurm.node_runs if self.slurm is not None else None)
         if options.collector_host:
             from .collectors.host import HostCollector
 
             # Under --slurm, verl_job_running is per run (the job info collector's), not the node's.
-            collectors["host"] = HostCollector(job=job if self.slurm is None else None)
+            collectors["host"] = HostCollector(job=job, job_running=self.slurm is None)
         job_info = self._job_info()
         if job_info is not None:
             collectors["job_info"] = job_info

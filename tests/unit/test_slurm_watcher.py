@@ -111,11 +111,13 @@ class Cluster:
         self.asked.append(job_id)
         return self.answers.get(job_id)
 
-    def start(self, job_id: str, pids=(1000,), **line) -> None:
+    def start(self, job_id: str, pids=(1000,), node: str | None = None, **line) -> None:
+        """The job's processes on this node; ``node``: the SLURMD_NODENAME they carry (none by default)."""
         line.setdefault("stdout", "%x-%j.out")  # relative to WorkDir, patterns left to resolve
         self.answers[job_id] = scontrol_line(job_id=job_id, workdir=str(self.runs), **line)
+        env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1", **({"SLURMD_NODENAME": node} if node else {})}
         for pid in pids:
-            fake_process(self.proc, pid, {"SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": "0,1"})
+            fake_process(self.proc, pid, env)
 
     def end(self, job_id: str, pids=(1000,), state="COMPLETED", exit_code="0:0") -> None:
         for pid in pids:
@@ -195,6 +197,46 @@ def test_a_job_that_stops_early_is_counted_as_crashed(node):
     assert not state.finished and state.last_step == 2 and state.total_steps == 5
     got = families(watcher)
     assert [s.value for s in got["verl_job_running"]] == [0.0] and len(got["verl_job_info"]) == 1
+
+
+def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)  # on the shared file system
+    cluster.start("42", node="gpu04")  # BatchHost=gpu03: this node is a worker of the job
+    poll(watcher)
+    run = RunKey("gsm8k", "grpo-7b")
+    assert store.snapshot().runs == []  # the head node serves the training figures, not this one
+    got = families(watcher)
+    assert [(s.labels["project"], s.labels["experiment"], s.labels["job_id"]) for s in got["verl_job_info"]] == [
+        ("gsm8k", "grpo-7b", "42")]  # named by the config print it read
+    assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
+    assert watcher.node_runs() == {(run.project, run.experiment)} and watcher.pids() == {1000}
+    cluster.end("42", state="FAILED", exit_code="1:0")
+    watcher.refresh()
+    assert cluster.asked == ["42"]  # the batch host decides the run: no question about its end here
+    assert watcher.node_runs() == set() and store.snapshot().runs == []
+    assert [s.value for s in families(watcher)["verl_job_running"]] == [0.0]
+
+
+def test_a_worker_that_cannot_read_the_output_makes_up_no_run(node, caplog):
+    cluster, store, watcher = node
+    cluster.start("42", node="gpu04", stdout="/nonexistent/shared/%x-%j.out")
+    poll(watcher)
+    assert watcher.node_runs() == set() and families(watcher)["verl_job_info"] == []
+    assert watcher.pids() == {1000}  # its processes are still the job's
+    assert "cannot follow /nonexistent/shared/grpo-qwen-42.out" in caplog.text
+
+
+def test_a_crashed_runs_node_is_free_once_its_job_ended(node):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
+    cluster.start("42", node="gpu03")  # this node is the batch host
+    poll(watcher)
+    assert watcher.node_runs() == {("gsm8k", "grpo-7b")} and store.run(RunKey("gsm8k", "grpo-7b")).last_step == 2
+    cluster.end("42", state="FAILED", exit_code="1:0")
+    watcher.refresh()
+    assert not store.run(RunKey("gsm8k", "grpo-7b")).finished  # crashed: still served, for the alerts
+    assert watcher.node_runs() == set()  # but the node no longer works for it
 
 
 def test_a_run_without_config_print_is_named_by_the_job_and_its_length_unknown(node):

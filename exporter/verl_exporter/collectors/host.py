@@ -14,7 +14,8 @@ from ..job import JobSelector
 class HostCollector:
     """Host stats from psutil; job stats when a ``JobSelector`` is configured.
 
-    Emits (job series only with a configured job; the sums only while it runs)::
+    Emits (job series only with a configured job; the sums only while it runs; ``verl_job_running``
+    not where ``job_running`` is False: under ``--slurm`` it is per run, the job info collector's)::
 
         # HELP verl_host_cpu_utilization_ratio Busy share of all CPUs since the previous scrape (0-1).
         # TYPE verl_host_cpu_utilization_ratio gauge
@@ -30,8 +31,9 @@ class HostCollector:
         # TYPE verl_job_cpu_seconds_total counter
     """
 
-    def __init__(self, psutil_module: Any = psutil, job: JobSelector | None = None):
+    def __init__(self, psutil_module: Any = psutil, job: JobSelector | None = None, job_running: bool = True):
         self._psutil = psutil_module
+        self.job_running = job_running
         self.job = job if job is not None and job.configured else None
         self.last_error: str | None = None
         self._psutil.cpu_percent(None)  # the first call only sets the baseline
@@ -64,7 +66,8 @@ class HostCollector:
         families = self._job_families()
         processes = job.processes()
         totals = self._job_totals(processes)
-        families["running"].add_metric([], 1.0 if totals["processes"] else 0.0)
+        if "running" in families:
+            families["running"].add_metric([], 1.0 if totals["processes"] else 0.0)
         families["processes"].add_metric([], totals["processes"])
         if totals["processes"]:
             families["resident_memory"].add_metric([], totals["rss"])
@@ -72,7 +75,7 @@ class HostCollector:
             families["threads"].add_metric([], totals["threads"])
             if totals["fds"] is not None:
                 families["open_fds"].add_metric([], totals["fds"])
-        return families.values()
+        return list(families.values())
 
     def _job_totals(self, processes: list) -> dict:
         """Sums over the processes that are still there when read; exited ones are skipped."""
@@ -108,6 +111,5 @@ class HostCollector:
     def _host_families() -> dict[str, schema.Built]:
         return {key: family.new() for key, family in schema.HOST.items()}
 
-    @staticmethod
-    def _job_families() -> dict[str, schema.Built]:
-        return {key: family.new() for key, family in schema.JOB.items()}
+    def _job_families(self) -> dict[str, schema.Built]:
+        return {key: family.new() for key, family in schema.JOB.items() if self.job_running or key != "running"}

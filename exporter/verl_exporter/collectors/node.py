@@ -10,7 +10,10 @@ exporter following more reads a shared log directory, and its GPUs are none of t
     verl_node_run_info{experiment="grpo-qwen2-7b",project="gsm8k"} 1.0
 
 A worker node of a multi-node job reads no logs: it serves its GPUs with the run named by the flags
-or the environment, and the rules join its GPU and host series to the run on ``instance``.
+or the environment, and the rules join its GPU and host series to the run on ``instance``. Under
+``--slurm`` the runs come from the Slurm watcher instead of the store (``job_runs``): the runs of the
+jobs with a live process on this node, head or worker, and none of a job that has ended (a crashed
+run stays unfinished in the store, but its node is no longer its own).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from ..store import RunStore
 
 class NodeCollector:
     def __init__(self, store: RunStore | None, named_run: Callable[[], tuple[str | None, str | None]],
-                 max_runs: Callable[[], int] = lambda: 8):
+                 max_runs: Callable[[], int] = lambda: 8,
+                 job_runs: Callable[[], Iterable[tuple[str, str]]] | None = None):
         self.store = store
+        self.job_runs = job_runs
         # Read at scrape time, so that a reload applies: (project, experiment) of the flags, the cap.
         self.named_run = named_run
         self.max_runs = max_runs
@@ -40,7 +45,9 @@ class NodeCollector:
         project, experiment = self.named_run()
         if project and experiment:
             runs.add((project, experiment))
-        if self.store is not None:
+        if self.job_runs is not None:
+            runs.update(self.job_runs())
+        elif self.store is not None:
             followed = {(run.project, run.experiment) for run in self.store.unfinished_runs()}
             if len(followed) <= self.max_runs():
                 runs.update(followed)

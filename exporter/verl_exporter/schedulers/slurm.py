@@ -10,6 +10,15 @@ nodes, GPUs and output files (``StdOut``, ``StdErr``; the patterns Slurm may lea
 A run in a job's output is named by verl's config print, else ``project`` = the job's name and
 ``experiment`` = the job's id. A file that shows no verl line is followed but makes no run.
 
+A job of several nodes (verl's Ray-on-Slurm layout: the driver on the batch host, Ray workers started
+with ``srun`` on the others) logs on its batch host. That node's watcher serves the run's training
+figures; on every other node (its processes' ``SLURMD_NODENAME`` is not the job's ``BatchHost``) the
+watcher reads the same files, on the shared file system Slurm clusters write job output to, into a
+store of its own that is never served: only to learn the run's name, so that the node's GPUs, host and
+processes are attributed to it (``verl_job_info``, ``verl_job_gpu_info``, ``verl_node_run_info``)
+without a second copy of the training series. A worker that cannot read the files says so in its log
+and names no run: its GPUs are then attributed to none.
+
 When a job's processes are gone from the node, its files are read to the end and closed, and each of
 its runs that has not finished is decided: finished if it reached its last step (verl's total), or,
 for a run whose total is unknown, if Slurm says the job ``COMPLETED`` with exit code 0; otherwise the
@@ -33,6 +42,7 @@ from ..collectors.job_info import JobRun
 from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.tail import OpenFiles
+from ..store import RunStore
 from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, gpu_list, show_job
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,7 @@ class LocalJob:
 
     pids: set[int] = field(default_factory=set)
     gpus: tuple[str, ...] = ()
+    node: str = ""  # SLURMD_NODENAME: this node's name in Slurm, as the job's processes see it
 
 
 def read_environ(path: str, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str]:
@@ -66,7 +77,8 @@ def read_environ(path: str, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str]:
     env = {}
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
-        if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_JOB_GPUS", b"CUDA_VISIBLE_DEVICES"):
+        if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_JOB_GPUS", b"CUDA_VISIBLE_DEVICES",
+                              b"SLURMD_NODENAME"):
             env[key.decode("ascii")] = value.decode("utf-8", "replace")
     return env
 
@@ -89,6 +101,7 @@ def scan_proc(proc_root: str = "/proc", own_pid: int | None = None) -> dict[str,
             continue
         job = jobs.setdefault(job_id, LocalJob())
         job.pids.add(int(entry))
+        job.node = job.node or env.get("SLURMD_NODENAME", "")
         gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")
         if gpus and (not job.gpus or "SLURM_JOB_GPUS" in env):
             job.gpus = gpu_list(gpus)
@@ -155,6 +168,7 @@ class _Followed:
     local: LocalJob
     sources: list[JobSource]
     runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
+    head: bool = True  # this node is the job's batch host: its runs' figures are served from here
     ended: bool = False
     end_checks: int = 0
 
@@ -168,6 +182,8 @@ class SlurmWatcher:
                  open_files: OpenFiles | None = None, hostname: str | None = None,
                  clock: Callable[[], float] = time.time, own_pid: int | None = None):
         self.store = store
+        # A worker node's copy of its jobs' runs, read only to name them; never served.
+        self.worker_store = RunStore(store.catalog)
         self.proc_root = proc_root
         self.scontrol = scontrol
         self.interval = interval if callable(interval) else (lambda: float(interval))
@@ -189,6 +205,10 @@ class SlurmWatcher:
     def pids(self) -> set[int]:
         with self._lock:
             return {pid for followed in self.jobs.values() for pid in followed.local.pids}
+
+    def node_runs(self) -> set[tuple[str, str]]:
+        """The runs of the jobs with a live process on this node (for ``verl_node_run_info``)."""
+        return {(row.project, row.experiment) for row in self.rows() if row.running}
 
     def rows(self) -> list[JobRun]:
         with self._lock:
@@ -253,13 +273,17 @@ class SlurmWatcher:
             return None  # asked again at the next look
         paths = job.output_files(self.hostname)
         default = RunKey(job.job_name or "slurm", job.job_id)
-        sources = [JobSource(path, self.store, default_run=default, both_files=len(paths) > 1,
+        # The node's name in Slurm: its processes' SLURMD_NODENAME, else the short host name.
+        head = not job.batch_host or job.batch_host == (local.node or self.hostname.split(".")[0])
+        store = self.store if head else self.worker_store
+        sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1,
                              open_files=self.open_files) for path in paths]
         for source in sources:
             source.siblings = [other for other in sources if other is not source]
-        log.info("following Slurm job %s (%s, user %s): %s", job.job_id, job.job_name, job.user,
+        log.info("following Slurm job %s (%s, user %s)%s: %s", job.job_id, job.job_name, job.user,
+                 "" if head else f" as a worker node of batch host {job.batch_host}, for the run's name only",
                  ", ".join(paths) or "no output file")
-        return _Followed(job, local, sources)
+        return _Followed(job, local, sources, head=head)
 
     def _swap_sources(self, added: list[_Followed], gone: list[_Followed]) -> None:
         """Add the new jobs' sources and end the gone jobs, with the ingestor stopped (no two threads
@@ -282,25 +306,35 @@ class SlurmWatcher:
         for source in followed.sources:
             source.settle(timeout=2.0)
             followed.runs |= source.runs()
+        if not followed.head:  # the batch host's watcher decides the runs; here the node's part ended
+            self._retire(followed, None)
+            return
         state_text = self.scontrol(followed.job.job_id)
         final = SlurmJob.parse(state_text) if state_text else None
         undecided = self._decide(followed, final)
         if undecided and final is not None and final.state in _STILL_ENDING and followed.end_checks < END_CHECKS:
             followed.end_checks += 1
             return  # Slurm has not settled the job's state yet: look again
-        for source in followed.sources:
-            source.close()
         for run in undecided:
             log.warning("Slurm job %s ended before run %s/%s finished: counted as crashed", followed.job.job_id,
                         run.project, run.experiment)
+        self._retire(followed, final)
+
+    def _retire(self, followed: _Followed, final: SlurmJob | None) -> None:
+        """Close the ended job's files and keep it among the last ``MAX_ENDED`` ended jobs."""
+        for source in followed.sources:
+            source.close()
         with self._lock:
             followed.ended = True
             del self.jobs[followed.job.job_id]
             self.ended[followed.job.job_id] = followed
             while len(self.ended) > MAX_ENDED:
                 self.ended.popitem(last=False)
-        log.info("Slurm job %s ended (%s %s)", followed.job.job_id, final.state if final else "gone from Slurm",
-                 final.exit_code if final else "")
+        if followed.head:
+            log.info("Slurm job %s ended (%s %s)", followed.job.job_id,
+                     final.state if final else "gone from Slurm", final.exit_code if final else "")
+        else:
+            log.info("Slurm job %s has no process left on this node (a worker node)", followed.job.job_id)
 
     def _decide(self, followed: _Followed, final: SlurmJob | None) -> list[RunKey]:
         """Finish each run of the ended job that reached its last step (or, with no known total, whose
