@@ -10,6 +10,12 @@ than ``--node.max-runs``) serves ``verl_training_run_info`` for every run but ``
 for none: its GPUs are not theirs, and joining them to every run would cost 1,000 series per GPU
 figure at 1,000 runs.
 
+A node whose exporter knows the GPUs of each job (``--slurm``: ``verl_job_gpu_info`` of a job with a
+live process) has its GPU figures attributed GPU by GPU (``JOB_GPUS``): a node shared by two jobs
+(four GPUs each) gives each run its own four, and a job without GPUs claims none. The GPUs of a job
+must match the node's GPU series by index (``gpu``); where none does (Slurm names them otherwise), the
+node is attributed whole, as a node without ``verl_job_gpu_info`` is.
+
 Stragglers (VerlGpuStraggler) compare each GPU of a run with the run's other GPUs: each GPU's mean
 utilisation over ``STRAGGLER_WINDOW`` (``RUN_GPU_BUSY``), its node's mean (``RUN_NODE_BUSY``) and the
 run's median over its GPUs (a ``FIGURES`` row). Only the GPUs of targets that work for one unfinished
@@ -26,6 +32,13 @@ NODES = "run_instance:verl_node_run_info:unfinished"
 NODE_RUNS = "verl_node_run_info"
 # Recorded first in the same group (system.py): one series per run, 1 once finished.
 FINISHED = "project_experiment:verl_training_finished:max"
+
+
+# Per GPU of a node (job, instance, gpu, project, experiment): the GPUs a scheduler gave a run's live job,
+# where they are GPUs the node serves figures for.
+JOB_GPUS = "run_gpu:verl_job_gpu_info:running"
+JOB_GPUS_EXPR = ("(verl_job_gpu_info and on(job, instance, project, experiment) verl_job_running == 1"
+                 " and on(job, instance, gpu) verl_gpu_up) unless on(project, experiment) ${FINISHED} == 1")
 
 
 # The window a GPU's utilisation is averaged over before it is compared with the run's: several PPO
@@ -95,11 +108,23 @@ FIGURES = (
 )
 
 
+def per_gpu_run(aggregation: str, metric: str) -> str:
+    """A GPU figure over the runs' own GPUs (``JOB_GPUS``) where the node knows them, else over the whole
+    node (its ``NODES`` runs), summed per run."""
+    return sub("sum by (project, experiment) ("
+               "${aggregation} by (job, instance, project, experiment) (${metric} * on(job, instance, gpu)"
+               " group_right() ${JOB_GPUS})"
+               " or ${aggregation} by (job, instance) (${metric}) * on(job, instance) group_right()"
+               " (${NODES} unless on(job, instance) ${JOB_GPUS}))", aggregation=aggregation, metric=metric)
+
+
 def figure(aggregation: str, metric: str) -> str:
     if aggregation == "median":  # of a series already attributed to runs (project, experiment)
         return sub("quantile by (project, experiment) (0.5, ${metric})", metric=metric)
     if aggregation == "avg":
         return sub("${sum} / ${count}", sum=figure("sum", metric), count=figure("count", metric))
+    if metric.startswith("verl_gpu_"):
+        return per_gpu_run(aggregation, metric)
     return per_run(sub("${aggregation} by (job, instance) (${metric})", aggregation=aggregation, metric=metric))
 
 
@@ -108,6 +133,7 @@ def recording_rules() -> list[dict]:
     return [
         {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
+        {"record": JOB_GPUS, "expr": JOB_GPUS_EXPR},
         {"record": RUN_GPU_BUSY, "expr": "avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}])"
                                          " * on(job, instance) group_left(project, experiment) ${SOLE_RUN}"},
         {"record": RUN_NODE_BUSY,
