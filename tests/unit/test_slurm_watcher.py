@@ -21,7 +21,7 @@ CONFIG = {"trainer": {"project_name": "gsm8k", "experiment_name": "grpo-7b", "to
           "data": {"train_batch_size": 8}}
 
 
-def scontrol_line(job_id="42", name="grpo-qwen", user="alice(1001)", state="RUNNING", exit_code="0:0",
+def scontrol_line(job_id="42", name="grpo-qwen", user=f"alice({os.getuid()})", state="RUNNING", exit_code="0:0",
                   stdout="/home/alice/runs/%x-%j.out", stderr=None, workdir="/home/alice/runs", gres=True) -> str:
     stderr = stdout if stderr is None else stderr
     details = " Nodes=gpu03 CPU_IDs=0-1 Mem=0 GRES=gpu:2(IDX:0-1)" if gres else ""
@@ -237,6 +237,20 @@ def test_a_crashed_runs_node_is_free_once_its_job_ended(node):
     watcher.refresh()
     assert not store.run(RunKey("gsm8k", "grpo-7b")).finished  # crashed: still served, for the alerts
     assert watcher.node_runs() == set()  # but the node no longer works for it
+
+
+def test_an_output_file_of_another_user_is_not_read(node, caplog):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "secret.log", steps=2, total=2)  # this process's file, not the job user's
+    (cluster.runs / "link.out").symlink_to(cluster.runs / "secret.log")
+    uid = os.getuid() + 4242
+    cluster.start("42", user=f"mallory({uid})", stdout="secret.log")
+    cluster.start("43", pids=(1001,), user=f"mallory({uid})", stdout="link.out")
+    poll(watcher)
+    assert store.snapshot().runs == [] and watcher.rows() == []
+    assert f"belongs to uid {os.getuid()}, not to uid {uid}" in caplog.text
+    assert SlurmJob.parse(scontrol_line(user="bob(1002)")).uid == 1002
+    assert SlurmJob.parse(scontrol_line(user="bob")).uid is None  # no uid given: no owner check
 
 
 def test_a_run_without_config_print_is_named_by_the_job_and_its_length_unknown(node):

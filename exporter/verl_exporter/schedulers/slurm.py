@@ -125,8 +125,12 @@ class JobSource(Source):
     """A source of a job's output file: a run it holds is named by verl's config print, else
     ``default_run`` (the job's name and id)."""
 
-    def __init__(self, pattern: str, store, *, default_run: RunKey, both_files: bool = False, **kwargs) -> None:
+    def __init__(self, pattern: str, store, *, default_run: RunKey, both_files: bool = False,
+                 owner: int | None = None, **kwargs) -> None:
         super().__init__(pattern, store, **kwargs)
+        # The watcher reads as root: only a file of the job's own user, which Slurm creates as that
+        # user, not whatever file the user's --output named (another user's log, /etc/shadow).
+        self.follower.owner = owner
         self.default_run = default_run
         self.both_files = both_files
         self.siblings: list[JobSource] = []  # the job's other file (stderr apart from stdout)
@@ -276,7 +280,7 @@ class SlurmWatcher:
         # The node's name in Slurm: its processes' SLURMD_NODENAME, else the short host name.
         head = not job.batch_host or job.batch_host == (local.node or self.hostname.split(".")[0])
         store = self.store if head else self.worker_store
-        sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1,
+        sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1, owner=job.uid,
                              open_files=self.open_files) for path in paths]
         for source in sources:
             source.siblings = [other for other in sources if other is not source]

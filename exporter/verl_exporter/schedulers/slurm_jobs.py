@@ -39,6 +39,7 @@ class SlurmJob:
     job_id: str
     job_name: str = ""
     user: str = ""
+    uid: int | None = None
     partition: str = ""
     node_list: str = ""
     batch_host: str = ""
@@ -60,7 +61,8 @@ class SlurmJob:
         gres = re.search(r"gpu[^\s(]*\(IDX:([^)]*)\)", fields.get("GRES", "") + " " + text)
         return cls(
             job_id=fields["JobId"], job_name=fields.get("JobName", ""),
-            user=re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), partition=fields.get("Partition", ""),
+            user=re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), uid=_uid(fields.get("UserId", "")),
+            partition=fields.get("Partition", ""),
             node_list=fields.get("NodeList", ""), batch_host=fields.get("BatchHost", ""),
             work_dir=fields.get("WorkDir", ""), std_out=fields.get("StdOut", ""), std_err=fields.get("StdErr", ""),
             array_job_id=fields.get("ArrayJobId", ""), array_task_id=fields.get("ArrayTaskId", ""),
@@ -80,6 +82,12 @@ class SlurmJob:
             if path is not None and path not in paths:
                 paths.append(path)
         return paths
+
+
+def _uid(user_id: str) -> int | None:
+    """The uid of scontrol's ``UserId=alice(1001)``; None where it names none."""
+    match = re.search(r"\((\d+)\)$", user_id)
+    return int(match.group(1)) if match else None
 
 
 _PATTERN = re.compile(r"%(\d*)([%AaJjNnstux])")

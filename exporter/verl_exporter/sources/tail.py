@@ -104,7 +104,9 @@ class FileFollower:
     ``status`` maps every path followed to None when it can be read, else why not: a configured
     path (not a glob) that is missing, or any path that is a directory, a FIFO, a device, a symlink
     loop or unreadable. Such a path is never opened for reading (a FIFO would block). Each reason
-    is logged once, and again only when it changes.
+    is logged once, and again only when it changes. With ``owner`` set (a uid), a file owned by
+    anyone else is refused too: a path that another user named (a Slurm job's output) may not make
+    a privileged reader read someone else's file.
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class FileFollower:
         self._matched: bool | None = None  # whether the glob matched anything at its last poll
         self._capped = False
         self.status: dict[str, str | None] = {}
+        self.owner: int | None = None  # the uid every file read must belong to, where set
 
     def take_oversize(self) -> list[tuple[str, int]]:
         """``(path, bytes seen)`` for each line dropped for length since the last call."""
@@ -322,6 +325,9 @@ class FileFollower:
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             return None, _not_regular(st.st_mode)
+        if self.owner is not None and st.st_uid != self.owner:
+            os.close(fd)
+            return None, f"belongs to uid {st.st_uid}, not to uid {self.owner}"
         handle = _Handle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files)
         self.open_files.add(handle)
         return handle, None
