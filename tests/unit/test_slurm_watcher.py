@@ -21,7 +21,10 @@ CONFIG = {"trainer": {"project_name": "gsm8k", "experiment_name": "grpo-7b", "to
           "data": {"train_batch_size": 8}}
 
 
-def scontrol_line(job_id="42", name="grpo-qwen", user=f"alice({os.getuid()})", state="RUNNING", exit_code="0:0",
+ALICE = f"alice({os.getuid()})"  # the job's user owns its output files: here, this process's user
+
+
+def scontrol_line(job_id="42", name="grpo-qwen", user=ALICE, state="RUNNING", exit_code="0:0",
                   stdout="/home/alice/runs/%x-%j.out", stderr=None, workdir="/home/alice/runs", gres=True) -> str:
     stderr = stdout if stderr is None else stderr
     details = " Nodes=gpu03 CPU_IDs=0-1 Mem=0 GRES=gpu:2(IDX:0-1)" if gres else ""
