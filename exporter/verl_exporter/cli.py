@@ -233,7 +233,7 @@ class Exporter:
         self.web = web or web_config.WebConfig()
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
-        from .sources.tail import OpenFiles
+        from .sources.open_files import OpenFiles
 
         self.store = RunStore(default_catalog(), max_series_per_run=options.store_max_series_per_run,
                               max_runs=options.store_max_runs, retention=options.store_retention,

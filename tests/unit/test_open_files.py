@@ -2,7 +2,8 @@
 
 import os
 
-from verl_exporter.sources.tail import FileFollower, OpenFiles
+from verl_exporter.sources.open_files import OpenFiles
+from verl_exporter.sources.tail import FileFollower
 
 
 def _append(path, text):

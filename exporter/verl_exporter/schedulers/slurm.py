@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 from ..collectors.job_info import JobRun
 from ..records import Record, RunKey
 from ..sources import Ingestor, Source
-from ..sources.tail import OpenFiles
+from ..sources.open_files import OpenFiles
 from ..store import RunStore
 from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, gpu_list, show_job
 

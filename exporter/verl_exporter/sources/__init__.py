@@ -30,6 +30,7 @@ from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
 from verl_exporter.sources.globs import is_literal
 from verl_exporter.sources.ingestor import Ingestor
 from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.sources.open_files import OpenFiles
 from verl_exporter.sources.run_config import (
     ConfigPrint,
     Scalar,
@@ -38,7 +39,7 @@ from verl_exporter.sources.run_config import (
     parse_total_steps,
     run_names,
 )
-from verl_exporter.sources.tail import FileFollower, OpenFiles
+from verl_exporter.sources.tail import FileFollower
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 

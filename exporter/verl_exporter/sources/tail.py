@@ -6,83 +6,16 @@ import glob
 import logging
 import os
 import stat
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from itertools import chain, repeat
 
 from verl_exporter.records import display_path
 from verl_exporter.sources.globs import MAX_GLOB_DIRS, MAX_MATCHES, expand, is_literal
+from verl_exporter.sources.open_files import OPEN_FILE_FLAGS, OPEN_FILES, FileHandle, OpenFiles, close_handle
 
 log = logging.getLogger(__name__)
 
 _GONE = object()  # a matched path that is no longer there: no status to report
-
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-DEFAULT_MAX_OPEN_FILES = 256
-
-
-class OpenFiles:
-    """The descriptors every follower holds, at most ``limit`` of them (``--source.max-open-files``).
-
-    Opening one more closes the least recently read file; its follower reopens it by path when it
-    grows, checking that the path still names the same inode. Rotated-away and deleted files that
-    still have lines to read are pinned: they have no path to be reopened by.
-    """
-
-    def __init__(self, limit: int = DEFAULT_MAX_OPEN_FILES) -> None:
-        self.limit = max(1, limit)
-        self.evictions = 0  # files closed to make room, since start
-        self._lru: OrderedDict[int, _Handle] = OrderedDict()
-        self._pinned: set[int] = set()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._lru) + len(self._pinned)
-
-    def add(self, handle: _Handle) -> None:
-        """``handle`` was just opened (or read): make it the most recent, closing others over the limit."""
-        with self._lock:
-            key = id(handle)
-            if key in self._pinned:
-                return
-            self._lru[key] = handle
-            self._lru.move_to_end(key)
-            while len(self._lru) + len(self._pinned) > self.limit and len(self._lru) > 1:
-                _, victim = self._lru.popitem(last=False)
-                self.evictions += 1
-                _close_fd(victim)
-
-    def pin(self, handle: _Handle) -> None:
-        with self._lock:
-            if handle.fd is not None:
-                self._lru.pop(id(handle), None)
-                self._pinned.add(id(handle))
-
-    def forget(self, handle: _Handle) -> None:
-        with self._lock:
-            self._lru.pop(id(handle), None)
-            self._pinned.discard(id(handle))
-
-
-OPEN_FILES = OpenFiles()  # shared by every follower unless one is given its own
-
-
-@dataclass
-class _Handle:
-    """One open file being read: where we are and the tail of a line not yet terminated."""
-
-    path: str
-    fd: int | None  # None while closed for being idle; reopened when the file changes
-    inode: tuple[int, int]
-    offset: int = 0
-    idle_polls: int = 0
-    pending: bytes = b""
-    discarding: bool = False  # inside an oversize line: drop bytes up to the next newline
-    retired: list[_Handle] = field(default_factory=list)  # rotated-away files still to finish
-    pool: OpenFiles | None = None
-
 
 class FileFollower:
     """Complete new lines of every file matching ``pattern`` (a path or a glob), as ``tail -F`` would.
@@ -130,7 +63,7 @@ class FileFollower:
         self._behind = False
         self.oversize_lines = 0  # total dropped since start
         self._oversize: list[tuple[str, int]] = []
-        self._handles: dict[str, _Handle] = {}
+        self._handles: dict[str, FileHandle] = {}
         self._warned: set[str] = set()
         self._matched: bool | None = None  # whether the glob matched anything at its last poll
         self._capped = False
@@ -146,8 +79,8 @@ class FileFollower:
         """Close every open file."""
         for handle in self._handles.values():
             for old in handle.retired:
-                _close(old)
-            _close(handle)
+                close_handle(old)
+            close_handle(handle)
         self._handles.clear()
 
     def poll(self) -> list[tuple[str, str]]:
@@ -274,10 +207,10 @@ class FileFollower:
         self._warned.discard(path)
         handle.idle_polls = 0 if got else handle.idle_polls + 1
         if handle.idle_polls >= self.close_idle_after:
-            _close(handle)
+            close_handle(handle)
         return None
 
-    def _wake(self, handle: _Handle, st: os.stat_result) -> _Handle | None:
+    def _wake(self, handle: FileHandle, st: os.stat_result) -> FileHandle | None:
         """A closed idle handle: still closed if nothing changed, reopened at its offset if the
         same file changed, None (start afresh) if the path now names another file."""
         if (st.st_dev, st.st_ino) != handle.inode:
@@ -285,7 +218,7 @@ class FileFollower:
             return None
         if st.st_size == handle.offset:
             return handle
-        fd = os.open(handle.path, _OPEN_FLAGS)
+        fd = os.open(handle.path, OPEN_FILE_FLAGS)
         fst = os.fstat(fd)
         if (fst.st_dev, fst.st_ino) != handle.inode:  # replaced between stat and open
             os.close(fd)
@@ -296,7 +229,7 @@ class FileFollower:
         self.open_files.add(handle)
         return handle
 
-    def _drain(self, queue: list[_Handle], out: list[tuple[str, str]], budget: int) -> int:
+    def _drain(self, queue: list[FileHandle], out: list[tuple[str, str]], budget: int) -> int:
         """Read old files to their end, oldest first, removing each finished one from ``queue``.
 
         Returns the bytes read. An unfinished file stays at the head of ``queue``.
@@ -312,15 +245,15 @@ class FileFollower:
             if old.offset < size:
                 self._behind = True
                 break
-            _close(queue.pop(0))
+            close_handle(queue.pop(0))
         return used
 
-    def _open(self, path: str, st: os.stat_result) -> tuple[_Handle | None, str | None]:
+    def _open(self, path: str, st: os.stat_result) -> tuple[FileHandle | None, str | None]:
         """A handle on the regular file ``path``, or (None, why not). Other kinds of files are
         never opened: a FIFO or a device could block or never end."""
         if not stat.S_ISREG(st.st_mode):
             return None, _not_regular(st.st_mode)
-        fd = os.open(path, _OPEN_FLAGS)  # non-blocking, should it have become a FIFO since the stat
+        fd = os.open(path, OPEN_FILE_FLAGS)  # non-blocking, should it have become a FIFO since the stat
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
@@ -328,11 +261,11 @@ class FileFollower:
         if self.owner is not None and st.st_uid != self.owner:
             os.close(fd)
             return None, f"belongs to uid {st.st_uid}, not to uid {self.owner}"
-        handle = _Handle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files)
+        handle = FileHandle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files)
         self.open_files.add(handle)
         return handle, None
 
-    def _read(self, handle: _Handle, out: list[tuple[str, str]], limit: int) -> int:
+    def _read(self, handle: FileHandle, out: list[tuple[str, str]], limit: int) -> int:
         """Read up to ``limit`` bytes, appending complete lines to ``out``; return bytes read."""
         total, fd = 0, handle.fd
         assert fd is not None  # callers read open handles only
@@ -345,7 +278,7 @@ class FileFollower:
             self._split(handle, data, out)
         return total
 
-    def _split(self, handle: _Handle, data: bytes, out: list[tuple[str, str]]) -> None:
+    def _split(self, handle: FileHandle, data: bytes, out: list[tuple[str, str]]) -> None:
         if handle.discarding:
             newline = data.find(b"\n")
             if newline < 0:
@@ -362,7 +295,7 @@ class FileFollower:
         self._emit(handle.path, block, out)
         self._check_pending(handle)
 
-    def _check_pending(self, handle: _Handle) -> None:
+    def _check_pending(self, handle: FileHandle) -> None:
         if len(handle.pending) > self.max_line_bytes:
             self._drop(handle.path, len(handle.pending))
             handle.pending, handle.discarding = b"", True
@@ -396,19 +329,3 @@ def _not_regular(mode: int) -> str:
         if test(mode):
             return f"is {kind}, not a regular file"
     return "is not a regular file"
-
-
-def _close(handle: _Handle) -> None:
-    if handle.pool is not None:
-        handle.pool.forget(handle)
-    _close_fd(handle)
-
-
-def _close_fd(handle: _Handle) -> None:
-    if handle.fd is None:
-        return
-    try:
-        os.close(handle.fd)
-    except OSError:
-        pass
-    handle.fd = None

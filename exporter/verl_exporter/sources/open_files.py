@@ -1,0 +1,88 @@
+"""The file descriptors the followers hold: one handle per open file, and the pool that caps them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+OPEN_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+DEFAULT_MAX_OPEN_FILES = 256
+
+
+class OpenFiles:
+    """The descriptors every follower holds, at most ``limit`` of them (``--source.max-open-files``).
+
+    Opening one more closes the least recently read file; its follower reopens it by path when it
+    grows, checking that the path still names the same inode. Rotated-away and deleted files that
+    still have lines to read are pinned: they have no path to be reopened by.
+    """
+
+    def __init__(self, limit: int = DEFAULT_MAX_OPEN_FILES) -> None:
+        self.limit = max(1, limit)
+        self.evictions = 0  # files closed to make room, since start
+        self._lru: OrderedDict[int, FileHandle] = OrderedDict()
+        self._pinned: set[int] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._lru) + len(self._pinned)
+
+    def add(self, handle: FileHandle) -> None:
+        """``handle`` was just opened (or read): make it the most recent, closing others over the limit."""
+        with self._lock:
+            key = id(handle)
+            if key in self._pinned:
+                return
+            self._lru[key] = handle
+            self._lru.move_to_end(key)
+            while len(self._lru) + len(self._pinned) > self.limit and len(self._lru) > 1:
+                _, victim = self._lru.popitem(last=False)
+                self.evictions += 1
+                close_fd(victim)
+
+    def pin(self, handle: FileHandle) -> None:
+        with self._lock:
+            if handle.fd is not None:
+                self._lru.pop(id(handle), None)
+                self._pinned.add(id(handle))
+
+    def forget(self, handle: FileHandle) -> None:
+        with self._lock:
+            self._lru.pop(id(handle), None)
+            self._pinned.discard(id(handle))
+
+
+OPEN_FILES = OpenFiles()  # shared by every follower unless one is given its own
+
+
+@dataclass
+class FileHandle:
+    """One open file being read: where we are and the tail of a line not yet terminated."""
+
+    path: str
+    fd: int | None  # None while closed for being idle; reopened when the file changes
+    inode: tuple[int, int]
+    offset: int = 0
+    idle_polls: int = 0
+    pending: bytes = b""
+    discarding: bool = False  # inside an oversize line: drop bytes up to the next newline
+    retired: list[FileHandle] = field(default_factory=list)  # rotated-away files still to finish
+    pool: OpenFiles | None = None
+
+
+def close_handle(handle: FileHandle) -> None:
+    if handle.pool is not None:
+        handle.pool.forget(handle)
+    close_fd(handle)
+
+
+def close_fd(handle: FileHandle) -> None:
+    if handle.fd is None:
+        return
+    try:
+        os.close(handle.fd)
+    except OSError:
+        pass
+    handle.fd = None
