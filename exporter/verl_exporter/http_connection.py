@@ -1,7 +1,8 @@
 """HTTP connections: HTTP/1.1 parsed by h11 (the protocol library inside uvicorn, hypercorn and
 httpx), connections on one asyncio event loop, so a slow or idle client costs a coroutine and its
-buffers, not a thread. ``ConnectionServer`` listens, accepts and holds the connections within the
-limits; a subclass answers the requests (``server.ExporterHTTPServer``: the routes and auth).
+buffers, not a thread. ``Connection`` reads one client's requests and writes the answers within the
+limits below; ``http_listener.ConnectionServer`` listens, accepts and holds the connections, and a
+subclass of it answers the requests (``server.ExporterHTTPServer``: the routes and auth).
 
 The limits, all enforced before any credentials are checked:
 
@@ -22,15 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
 import ssl
-import threading
-import time
 from http import HTTPStatus
+from typing import Protocol
 
 import h11
 
+from .http_requests import MAX_BODY_BYTES, printable, request_path, small_body
 from .web_config import WebConfig
 
 log = logging.getLogger("verl_exporter.server")  # the HTTP server's one log, connections and routes alike
@@ -39,203 +39,36 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADERS = 100
 HEADER_TIMEOUT = 10.0  # seconds to the end of a request's headers (TLS handshake included)
 WRITE_TIMEOUT = 30.0  # seconds to write one answer
-MAX_CONNECTIONS = 256
-MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written
-PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
 CHUNK = 128 * 1024
-MAX_BODY_BYTES = 64 * 1024  # of a request body, read and dropped so the connection can serve the next request
 
 _TLS_HANDSHAKE = 0x16
 _PLAIN_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                  b"Client sent an HTTP request to an HTTPS server.\n")
 
 
-def printable(data: bytes | str, limit: int = 200) -> str:
-    """``data`` for a log line, cut at ``limit``: control characters (ESC, CR, LF), backslashes and
-    non-ASCII escaped, so a client cannot forge log lines or send terminal escapes."""
-    text = data.decode("latin-1") if isinstance(data, bytes) else data
-    return text[:limit].encode("unicode_escape").decode("ascii")
-
-
-def _small_body(request: h11.Request) -> bool:
-    """Whether the request declares a body of at most MAX_BODY_BYTES (none counts), which is read and
-    dropped so the connection serves on; a larger or chunked one is not waited for: the answer closes."""
-    length = 0
-    for name, value in request.headers:
-        if name == b"transfer-encoding":
-            return False
-        if name == b"content-length":
-            length = int(value) if value.isdigit() else MAX_BODY_BYTES + 1
-    return length <= MAX_BODY_BYTES
-
-
-def request_path(target: bytes) -> str:
-    """The path and query of a request target; an absolute URI (``http://host/metrics``) is
-    served as its path, as RFC 9112 asks of a server."""
-    text = target.decode("latin-1")
-    scheme, sep, rest = text.partition("://")
-    if sep and scheme.lower() in ("http", "https"):
-        slash = rest.find("/")
-        query = rest.find("?")
-        if slash < 0 or 0 <= query < slash:
-            return "/" + (rest[query:] if query >= 0 else "")
-        return rest[slash:]
-    return text
-
-
-def _listen(address: tuple[str, int]) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-    if address[0] == "":
-        family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def connection_cap() -> int:
-    """MAX_CONNECTIONS, or half the soft file descriptor limit if that is lower."""
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        soft = resource.RLIM_INFINITY
-    return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(8, min(MAX_CONNECTIONS, soft // 2))
-
-
-class ConnectionServer:
-    """Listens at construction (OSError if the address is taken); ``serve_forever()`` serves until
-    ``shutdown()``; ``server_close()`` closes the listener. ``web`` may be replaced at any time (a
-    reload): each connection reads it once, when it is accepted. A subclass answers (``answer``)."""
-
-    def __init__(self, address: tuple[str, int], web: WebConfig, header_timeout: float, write_timeout: float):
-        self.web = web
-        self.header_timeout, self.write_timeout = header_timeout, write_timeout
-        self.max_connections = connection_cap()
-        self.socket = _listen(address)
-        self.server_address = self.socket.getsockname()
-        self.connections: dict[_Connection, None] = {}  # oldest first
-        self.pinned: dict[int, tuple[bytes, set[_Connection]]] = {}  # id(body) -> (body, its writers), oldest first
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Future | None = None
-        self._stopping = False
-        self._serving = threading.Event()
-        self._done = threading.Event()
-        self._last_accept_error = 0.0
-
-    def serve_forever(self) -> None:
-        self._serving.set()
-        try:
-            self._loop.run_until_complete(self._serve())
-        finally:
-            self._done.set()
-
-    def shutdown(self) -> None:
-        """Stop serving and wait until ``serve_forever`` has returned (call from another thread)."""
-        self._stopping = True
-        if self._serving.is_set() and not self._done.is_set():
-            try:
-                self._loop.call_soon_threadsafe(self._request_stop)
-            except RuntimeError:  # the loop has already closed
-                pass
-            self._done.wait()
-
-    def server_close(self) -> None:
-        self.socket.close()
-        if not self._loop.is_running():
-            self._loop.close()
-
-    def _request_stop(self) -> None:
-        if self._stop is not None and not self._stop.done():
-            self._stop.set_result(None)
-
-    async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._stop = loop.create_future()
-        if self._stopping:
-            return
-        accepting = loop.create_task(self._accept(loop))
-        await self._stop
-        accepting.cancel()
-        for connection in list(self.connections):
-            connection.abort()
-            if connection.task is not None:
-                connection.task.cancel()
-        tasks = [connection.task for connection in self.connections if connection.task is not None]
-        await asyncio.gather(accepting, *tasks, return_exceptions=True)
-
-    async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            try:
-                sock, peer = await loop.sock_accept(self.socket)
-            except OSError as exc:  # out of file descriptors or buffers: wait for connections to end
-                if time.monotonic() - self._last_accept_error > 10:
-                    self._last_accept_error = time.monotonic()
-                    log.warning("cannot accept connections: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            if len(self.connections) >= self.max_connections and not self._make_room():
-                log.debug("refused a connection from %s: %d connections open, all busy", peer[0],
-                          len(self.connections))
-                sock.close()
-                continue
-            connection = _Connection(self, sock, peer[0], self.web)
-            self.connections[connection] = None
-            connection.task = loop.create_task(connection.run())
-
-    def _make_room(self) -> bool:
-        """Close the oldest connection without a request in progress; False if every one has one."""
-        for connection in self.connections:
-            if not connection.busy:
-                log.debug("closing an idle connection from %s: %d connections open", connection.client,
-                          len(self.connections))
-                connection.abort()
-                self.connections.pop(connection, None)
-                return True
-        return False
-
-    def pin(self, connection: _Connection, body: bytes) -> None:
-        """``connection`` writes ``body``; past MAX_BODIES_IN_FLIGHT distinct bodies, the writers of
-        the oldest one are dropped, so clients that do not read cannot hold renderings without end."""
-        if len(body) < PINNED_BODY_BYTES:
-            return
-        entry = self.pinned.get(id(body))
-        if entry is None:
-            while len(self.pinned) >= MAX_BODIES_IN_FLIGHT:
-                _, (_, writers) = next(iter(self.pinned.items()))
-                for writer in list(writers):
-                    log.debug("dropping a slow reader at %s: newer renderings are being written", writer.client)
-                    writer.abort()
-                    self.unpin(writer, _)
-            entry = self.pinned[id(body)] = (body, set())
-        entry[1].add(connection)
-
-    def unpin(self, connection: _Connection, body: bytes) -> None:
-        entry = self.pinned.get(id(body))
-        if entry is not None and entry[0] is body:
-            entry[1].discard(connection)
-            if not entry[1]:
-                del self.pinned[id(body)]
-
-    async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str) -> tuple[int, bytes, list]:
-        """The status, body and headers that answer ``request`` (``web``: the connection's web config)."""
-        raise NotImplementedError
-
-
 class _Closed(Exception):
     """The connection ended or was dropped (deadline, cap): nothing more to write."""
 
 
-class _Connection:
-    def __init__(self, server: ConnectionServer, sock: socket.socket, client: str, web: WebConfig):
+class Listener(Protocol):
+    """What a connection needs of the server that accepted it (``http_listener.ConnectionServer``)."""
+
+    header_timeout: float
+    write_timeout: float
+    connections: dict[Connection, None]
+
+    async def answer(self, web: WebConfig, request: h11.Request, method: str,
+                     target: str) -> tuple[int, bytes, list]: ...
+
+    def pin(self, connection: Connection, body: bytes) -> None: ...
+
+    def unpin(self, connection: Connection, body: bytes) -> None: ...
+
+
+class Connection:
+    """One client connection: its requests read and answered in turn, within the deadlines."""
+
+    def __init__(self, server: Listener, sock: socket.socket, client: str, web: WebConfig):
         self.server, self.sock, self.client, self.web = server, sock, client, web
         self.task: asyncio.Task | None = None
         self.transport: asyncio.Transport | None = None
@@ -348,7 +181,7 @@ class _Connection:
             if request is None:
                 return
             self.busy = True
-            complete = _small_body(request) and await self._skip_body(conn)
+            complete = small_body(request) and await self._skip_body(conn)
             self._disarm()
             method = request.method.decode("ascii", "replace")
             target = request_path(request.target)

@@ -1,6 +1,6 @@
 """The HTTP server: /metrics (or the configured path), /-/healthy, /-/ready, /debug/evidence, /runbook
 and a landing page, behind the web config's basic auth. Connections and their limits are
-``http_connection``'s; rendering and bcrypt run on small thread pools, never on the event loop.
+``http_listener``'s and ``http_connection``'s; rendering and bcrypt run on small thread pools, never on the event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import h11
 
 from . import __version__, shipped
 from .exposition import Exposition
-from .http_connection import HEADER_TIMEOUT, MAX_HEADERS, WRITE_TIMEOUT, ConnectionServer
+from .http_connection import HEADER_TIMEOUT, MAX_HEADERS, WRITE_TIMEOUT
+from .http_listener import ConnectionServer
 from .web_config import WebConfig
 
 log = logging.getLogger(__name__)
