@@ -86,6 +86,20 @@ def test_target_groups_expand_nodes_once_per_list():
     assert len(slurm.calls) == 4  # the second round asked squeue only
 
 
+def test_a_node_shared_by_jobs_is_listed_once_with_its_oldest_job():
+    squeue = ("5120|bob|gpu|gpu02|verl-b\n"  # squeue lists it first; 4211 is older
+              "4211|alice|gpu|gpu[01-02,07]|verl-a\n"
+              "5121|carol|gpu|gpu07|verl-c\n")
+    groups = Discovery(run=FakeSlurm(squeue)).target_groups()
+    assert groups == [
+        {"targets": ["gpu01:9945", "gpu02:9945", "gpu07:9945"], "labels": labels("4211", "alice", "gpu", "verl-a")},
+    ]  # 5120 and 5121 run only on 4211's nodes: no group of their own
+    squeue += "5122|dave|gpu|gpu[01-02,07]|verl-d\n4213_5|erin|gpu|node3|verl-e\n"
+    groups = Discovery(run=FakeSlurm(squeue)).target_groups()
+    assert [(group["labels"]["slurm_job_id"], group["targets"]) for group in groups] == [
+        ("4211", ["gpu01:9945", "gpu02:9945", "gpu07:9945"]), ("4213_5", ["node3:9945"])]
+
+
 def test_job_name_match_partitions_and_port():
     slurm = FakeSlurm()
     discovery = Discovery(run=slurm, job_match="verl.*", partitions=("gpu", "gpu-long"), exporter_port=9100)

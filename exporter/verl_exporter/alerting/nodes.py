@@ -37,8 +37,10 @@ FINISHED = "project_experiment:verl_training_finished:max"
 # Per GPU of a node (job, instance, gpu, project, experiment): the GPUs a scheduler gave a run's live job,
 # where they are GPUs the node serves figures for.
 JOB_GPUS = "run_gpu:verl_job_gpu_info:running"
-JOB_GPUS_EXPR = ("(verl_job_gpu_info and on(job, instance, project, experiment) verl_job_running == 1"
-                 " and on(job, instance, gpu) verl_gpu_up) unless on(project, experiment) ${FINISHED} == 1")
+# One series per GPU and run, whatever other labels a target carries (a service discovery's).
+JOB_GPUS_EXPR = ("max by (job, instance, gpu, project, experiment) ("
+                 "(verl_job_gpu_info and on(job, instance, project, experiment) verl_job_running == 1"
+                 " and on(job, instance, gpu) verl_gpu_up) unless on(project, experiment) ${FINISHED} == 1)")
 
 
 # The window a GPU's utilisation is averaged over before it is compared with the run's: several PPO
@@ -112,8 +114,8 @@ def per_gpu_run(aggregation: str, metric: str) -> str:
     """A GPU figure over the runs' own GPUs (``JOB_GPUS``) where the node knows them, else over the whole
     node (its ``NODES`` runs), summed per run."""
     return sub("sum by (project, experiment) ("
-               "${aggregation} by (job, instance, project, experiment) (${metric} * on(job, instance, gpu)"
-               " group_right() ${JOB_GPUS})"
+               "${aggregation} by (job, instance, project, experiment) (max by (job, instance, gpu) (${metric})"
+               " * on(job, instance, gpu) group_right() ${JOB_GPUS})"
                " or ${aggregation} by (job, instance) (${metric}) * on(job, instance) group_right()"
                " (${NODES} unless on(job, instance) ${JOB_GPUS}))", aggregation=aggregation, metric=metric)
 

@@ -2,7 +2,10 @@
 
 Serves ``/targets`` in the format of Prometheus's ``http_sd_configs``: one target group per running
 job, its nodes as targets (``node:9945``, where each node's sidecar exporter listens) and the job as
-labels (``slurm_job_id``, ``slurm_job_name``, ``slurm_user``, ``slurm_partition``). The jobs come
+labels (``slurm_job_id``, ``slurm_job_name``, ``slurm_user``, ``slurm_partition``). A node that
+runs several jobs at once is a target once, in the group of its oldest job (the lowest job id): a
+node listed twice would be scraped twice, and every per-node sum of the rules would count it twice.
+Each run's own job is in the exporter's ``verl_job_info``. The jobs come
 from ``squeue --noheader --states=RUNNING --format=...`` (no ``--json``: it needs plugins not every
 22.05 install has), compressed node lists are expanded by ``scontrol show hostnames``.
 
@@ -164,16 +167,28 @@ class Discovery:
         return names
 
     def target_groups(self) -> list[dict]:
-        """One group per running job whose name matches, in squeue's order; SlurmError if Slurm fails."""
+        """One group per running job whose name matches, oldest job first, each node in one group
+        only; SlurmError if Slurm fails."""
         groups = []
-        for job in parse_squeue(self.run(self.squeue_argv(), self.timeout)):
+        listed: set[str] = set()
+        for job in sorted(parse_squeue(self.run(self.squeue_argv(), self.timeout)), key=_age):
             if not self._pattern.fullmatch(job.labels["slurm_job_name"]):
                 continue
             if self.partitions and job.labels["slurm_partition"] not in self.partitions:
                 continue  # squeue filtered already; a job in several partitions prints the one it runs in
             targets = [f"{_host(name)}:{self.exporter_port}" for name in self.hostnames(job.nodes)]
-            groups.append({"targets": targets, "labels": dict(job.labels)})
+            targets = [target for target in targets if target not in listed]  # an older job's node already
+            listed.update(targets)
+            if targets:
+                groups.append({"targets": targets, "labels": dict(job.labels)})
         return groups
+
+
+def _age(job: Job) -> tuple[int, str]:
+    """Oldest first: the job id's number (``4213`` of an array task ``4213_5``), then the id."""
+    job_id = job.labels["slurm_job_id"]
+    digits = re.match(r"\d+", job_id)
+    return (int(digits.group()) if digits else 1 << 62, job_id)
 
 
 def _host(name: str) -> str:
