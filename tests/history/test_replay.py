@@ -6,6 +6,7 @@ format), the alerts that fire over a 150-step run (about 2.7 hours at the simula
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -171,3 +172,18 @@ def test_recorded_series_are_read_fresh_and_only_the_ones_alerts_read_are_backfi
     assert replay.parse_duration("1h30m") == 5400 and replay.parse_duration("0") == 0
     with pytest.raises(ValueError):
         replay.parse_duration("10 minutes")
+
+
+def test_only_series_the_rules_can_read_are_backfilled():
+    keep = replay.referenced(['verl_actor_pg_loss > 1 and on(project) rate(verl_exporter_parse_errors_total[5m])',
+                              'abs({__name__=~"verl_(actor_)?rollout_corr_kl"}) > 0.1 or {__name__="verl_x"} > 1'])
+    assert keep("verl_actor_pg_loss") and keep("verl_exporter_parse_errors_total")
+    assert keep("verl_rollout_corr_kl") and keep("verl_actor_rollout_corr_kl") and keep("verl_x")
+    assert not keep("verl_val_aux") and not keep("verl_actor_pg_loss_max") and not keep("verl_actor_rollout_corr_klx")
+    history = backfill.History(families={"verl_actor_pg_loss": ("gauge", "Policy loss."),
+                                         "verl_val_aux": ("gauge", "Validation.")})
+    for name in ("verl_actor_pg_loss", "verl_val_aux"):
+        history.series[(name, name, (("project", "p"),))] = [(0.0, 1.0)]
+    text = io.StringIO()
+    assert backfill.write_openmetrics(history, text, keep=keep) == 1
+    assert "verl_actor_pg_loss{" in text.getvalue() and "verl_val_aux" not in text.getvalue()

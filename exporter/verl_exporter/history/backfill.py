@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from prometheus_client.utils import floatToGoString
 
@@ -125,8 +126,9 @@ def escape(text: str) -> str:
 
 
 def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
-                      instance: str = "backfill") -> int:
-    """Write the history as OpenMetrics with a timestamp on every sample; return the samples written."""
+                      instance: str = "backfill", keep: Callable[[str], bool] | None = None) -> int:
+    """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
+    ``keep``: whether a series name is written (all are without it)."""
     grid = history.grid(interval)
     target = (("instance", instance), ("job", job))
     written = 0
@@ -134,7 +136,7 @@ def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVA
     for key in history.series:
         by_family.setdefault(key[0], []).append(key)
     for name, (kind, documentation) in history.families.items():
-        keys = by_family.get(name)
+        keys = [key for key in by_family.get(name, ()) if keep is None or keep(key[1])]
         if not keys:
             continue
         out.write(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")

@@ -37,8 +37,10 @@ import re
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from prometheus_client.utils import floatToGoString
@@ -51,6 +53,7 @@ from .backfill import History, add_source_arguments, build_from_args, create_blo
 from .prometheus import Prometheus
 
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
+QUERIES_AT_ONCE = 4
 
 
 def shipped_rules() -> list[Path]:
@@ -116,6 +119,19 @@ def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL)
                         parse_duration(entry.get("keep_firing_for")), dict(entry.get("labels") or {}),
                         (entry.get("annotations") or {}).get("summary", "")))
     return alerts, _read_by(alerts, recording)
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NAME_MATCHER = re.compile(r'__name__\s*(=~|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def referenced(exprs: list[str]) -> Callable[[str], bool]:
+    """Whether a series name can matter to ``exprs``: a word of them, or matched by one of their
+    ``__name__`` matchers. Only such series are backfilled: the others cannot change a result."""
+    words = {word for expr in exprs for word in _NAME.findall(expr)}
+    patterns = [re.compile(value if op == "=~" else re.escape(value))
+                for expr in exprs for op, value in _NAME_MATCHER.findall(expr)]
+    return lambda name: name in words or any(pattern.fullmatch(name) for pattern in patterns)
 
 
 def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
@@ -191,8 +207,9 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
     data = workdir / "data"
     openmetrics = workdir / "backfill.om"
+    exprs = [rule.expr for rule in alerts] + [entry["expr"] for group in recording for entry in group["rules"]]
     with openmetrics.open("w", encoding="utf-8") as out:
-        write_openmetrics(history, out, interval=interval)
+        write_openmetrics(history, out, interval=interval, keep=referenced(exprs))
     create_blocks(openmetrics, data, promtool)
     server = Prometheus(workdir, data, prometheus)
     start, end = round(history.start, 3), round(history.end, 3)
@@ -200,11 +217,12 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
         server.start()
         if recording:
             _record(server, recording, workdir, start, end, promtool)
-        results = []
-        for rule in alerts:
+        def history_of(rule: AlertRule) -> list[AlertHistory]:
             times = evaluation_times(start, end, rule.interval)
-            samples = server.query_range(rule.expr, times[0], end, rule.interval)
-            results += evaluate(rule, samples, times)
+            return evaluate(rule, server.query_range(rule.expr, times[0], end, rule.interval), times)
+
+        with ThreadPoolExecutor(QUERIES_AT_ONCE) as pool:  # Prometheus runs queries side by side
+            results = [alert for history in pool.map(history_of, alerts) for alert in history]
     finally:
         server.stop()
     return results, len(alerts)
@@ -224,10 +242,13 @@ def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float,
     for group in groups:
         interval = parse_duration(group["interval"])
         times = evaluation_times(start, end, interval)
-        for entry in group["rules"]:
+        with ThreadPoolExecutor(QUERIES_AT_ONCE) as pool:
+            answers = list(pool.map(lambda entry: server.query_range(entry["expr"], times[0], end, interval),
+                                    group["rules"]))
+        for entry, answer in zip(group["rules"], answers):
             extra = tuple((str(k), str(v)) for k, v in (entry.get("labels") or {}).items())
             lines = families.setdefault(entry["record"], [])
-            for key, points in server.query_range(entry["expr"], times[0], end, interval).items():
+            for key, points in answer.items():
                 labels = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(dict(key + extra).items()))
                 lines += [f"{entry['record']}{{{labels}}} {floatToGoString(value)} {moment:.3f}\n"
                           for moment, value in sorted(points.items())]
