@@ -243,8 +243,8 @@ def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float,
         interval = parse_duration(group["interval"])
         times = evaluation_times(start, end, interval)
         with ThreadPoolExecutor(QUERIES_AT_ONCE) as pool:
-            answers = list(pool.map(lambda entry: server.query_range(entry["expr"], times[0], end, interval),
-                                    group["rules"]))
+            answers = list(pool.map(lambda entry, first=times[0], step=interval:
+                                    server.query_range(entry["expr"], first, end, step), group["rules"]))
         for entry, answer in zip(group["rules"], answers):
             extra = tuple((str(k), str(v)) for k, v in (entry.get("labels") or {}).items())
             lines = families.setdefault(entry["record"], [])
