@@ -12,8 +12,9 @@ from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.job_info import JobInfoCollector
 from verl_exporter.job import JobSelector
 from verl_exporter.records import RunKey
-from verl_exporter.schedulers.slurm import SlurmWatcher, read_environ, scan_proc
+from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.schedulers.slurm_jobs import SlurmJob, first_node, gpu_list, parse_fields, resolve_path
+from verl_exporter.schedulers.slurm_procs import job_owner, read_environ, scan_proc
 from verl_exporter.store import RunStore
 
 PREFIX = "\x1b[36m(TaskRunner pid=7)\x1b[0m "
@@ -87,8 +88,10 @@ def test_jobs_are_found_by_environment_or_cgroup_and_the_exporter_is_not(tmp_pat
     (proc / "self").mkdir()
     jobs = scan_proc(str(proc), own_pid=400)
     assert set(jobs) == {"42", "77"}
-    assert jobs["42"].pids == {100, 101} and jobs["42"].gpus == ("2", "3")
-    assert jobs["77"].pids == {200} and jobs["77"].gpus == ()
+    me = os.getuid()
+    assert jobs["42"].pids == {100, 101} and jobs["42"].uids == {me} and jobs["42"].of_user(me).gpus == ("2", "3")
+    assert jobs["42"].gpus == () and jobs["42"].of_user(me + 1).gpus == ()  # only its user's processes say
+    assert jobs["77"].pids == {200} and jobs["77"].of_user(me).gpus == ()
 
 
 def test_environ_is_read_with_a_bound(tmp_path):
@@ -242,6 +245,13 @@ def test_a_crashed_runs_node_is_free_once_its_job_ended(node):
     assert watcher.node_runs() == set()  # but the node no longer works for it
 
 
+def run_as(cluster, pids, uid: int) -> None:
+    """The fake processes run as ``uid`` (their /proc/PID belongs to it)."""
+    for pid in pids:
+        os.chown(cluster.proc / str(pid), uid, -1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")
 def test_an_output_file_of_another_user_is_not_read(node, caplog):
     cluster, store, watcher = node
     write_log(cluster.runs / "secret.log", steps=2, total=2)  # this process's file, not the job user's
@@ -249,11 +259,51 @@ def test_an_output_file_of_another_user_is_not_read(node, caplog):
     uid = os.getuid() + 4242
     cluster.start("42", user=f"mallory({uid})", stdout="secret.log")
     cluster.start("43", pids=(1001,), user=f"mallory({uid})", stdout="link.out")
+    run_as(cluster, (1000, 1001), uid)
     poll(watcher)
     assert store.snapshot().runs == [] and watcher.rows() == []
     assert f"belongs to uid {os.getuid()}, not to uid {uid}" in caplog.text
     assert SlurmJob.parse(scontrol_line(user="bob(1002)")).uid == 1002
     assert SlurmJob.parse(scontrol_line(user="bob")).uid is None  # no uid given: no owner check
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")
+def test_a_job_name_that_claims_another_user_is_not_believed(node, caplog):
+    cluster, store, watcher = node
+    write_log(cluster.runs / "secret.log", steps=2, total=2)  # root's file
+    mallory = os.getuid() + 4242
+    # sbatch --job-name='x UserId=root(0)': scontrol's one line does not escape it, and the first
+    # UserId= it shows is the name's.
+    cluster.start("42", name="x UserId=root(0) GroupId=root(0)", user=f"mallory({mallory})", stdout="secret.log")
+    run_as(cluster, (1000,), mallory)
+    assert SlurmJob.parse(cluster.answers["42"]).uid == 0
+    poll(watcher)
+    assert store.snapshot().runs == [] and watcher.rows() == [] and watcher.jobs["42"].sources == []
+    assert f"Slurm says uid 0 runs it, its processes here run as {mallory}; its files are not read" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")
+def test_another_users_process_cannot_speak_for_a_job(node):
+    cluster, store, watcher = node
+    alice, intruder = os.getuid() + 1001, os.getuid() + 4242
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
+    os.chown(cluster.runs / "grpo-qwen-42.out", alice, -1)
+    cluster.start("42", node="gpu03", user=f"alice({alice})")  # its own task: this node is its batch host
+    run_as(cluster, (1000,), alice)
+    fake_process(cluster.proc, 2000, {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "gpu99", "SLURM_JOB_GPUS": "7"})
+    run_as(cluster, (2000,), intruder)
+    poll(watcher)
+    followed = watcher.jobs["42"]
+    assert followed.head and followed.local.gpus == ("0", "1") and followed.local.node == "gpu03"
+    assert store.run(RunKey("gsm8k", "grpo-7b")).last_step == 2  # served here, as the batch host's
+    assert watcher.pids() == {1000, 2000}
+
+
+def test_who_owns_a_job():
+    assert job_owner(1001, {1001, 0}) == 1001  # the user's tasks, root's slurmstepd
+    assert job_owner(1001, {1002}) is None  # no process of Slurm's user: not believed
+    assert job_owner(0, {0}) == 0 and job_owner(0, {0, 1001}) is None
+    assert job_owner(None, {1001}) == 1001 and job_owner(None, {1001, 0}) is None
 
 
 def test_a_run_without_config_print_is_named_by_the_job_and_its_length_unknown(node):

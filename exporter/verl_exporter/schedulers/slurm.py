@@ -7,6 +7,12 @@ nodes, GPUs and output files (``StdOut``, ``StdErr``; the patterns Slurm may lea
 ``%x`` ``%u`` ``%N`` ``%A`` ``%a`` ``%%`` and the rest, resolved here; relative to ``WorkDir``;
 ``/dev/null`` is not followed) and follows those files as sources of its own, without ``--source``.
 
+It reads as root, for other users, what other users name, so it believes Slurm's ``UserId`` only
+where the job's processes run as that user (a job name can hold `` UserId=root(0)``: scontrol's one
+line does not escape it), takes the GPUs and node name only from that user's processes
+(``slurm_procs``), and reads only files that user owns (an ``--output`` naming someone else's file,
+or a link to one, is refused).
+
 A run in a job's output is named by verl's config print, else ``project`` = the job's name and
 ``experiment`` = the job's id. A file that shows no verl line is followed but makes no run.
 
@@ -29,8 +35,6 @@ run stays unfinished and its ``verl_job_running`` turns 0: the alerts read it as
 from __future__ import annotations
 
 import logging
-import os
-import re
 import socket
 import threading
 import time
@@ -43,79 +47,14 @@ from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.open_files import OpenFiles
 from ..store import RunStore
-from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, gpu_list, show_job
+from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, show_job
+from .slurm_procs import LocalJob, job_owner, scan_proc
 
 log = logging.getLogger(__name__)
 
-MAX_ENVIRON_BYTES = 256 << 10  # of /proc/PID/environ: the kernel caps argv + env at a few MiB, jobs use less
 MAX_ENDED = 64  # ended jobs whose runs are still served (verl_job_info, verl_job_running 0)
 END_CHECKS = 3  # looks at an ended job Slurm still calls running before its state is taken as it is
 _STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "")
-
-
-# -- the jobs' processes on this node ------------------------------------------------------------
-
-_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
-
-
-@dataclass
-class LocalJob:
-    """A job's processes on this node and the GPUs its environment names."""
-
-    pids: set[int] = field(default_factory=set)
-    gpus: tuple[str, ...] = ()
-    node: str = ""  # SLURMD_NODENAME: this node's name in Slurm, as the job's processes see it
-
-
-def read_environ(path: str, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str]:
-    """The environment in ``path`` (``/proc/PID/environ``), at most ``limit`` bytes of it."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit)
-    except OSError:
-        return {}
-    env = {}
-    for item in data.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_JOB_GPUS", b"CUDA_VISIBLE_DEVICES",
-                              b"SLURMD_NODENAME"):
-            env[key.decode("ascii")] = value.decode("utf-8", "replace")
-    return env
-
-
-def scan_proc(proc_root: str = "/proc", own_pid: int | None = None) -> dict[str, LocalJob]:
-    """The Slurm jobs with a process on this node, by job id."""
-    own = os.getpid() if own_pid is None else own_pid
-    jobs: dict[str, LocalJob] = {}
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return jobs
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        base = os.path.join(proc_root, entry)
-        env = read_environ(os.path.join(base, "environ"))
-        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or _cgroup_job(os.path.join(base, "cgroup"))
-        if not job_id or not job_id.isdigit():
-            continue
-        job = jobs.setdefault(job_id, LocalJob())
-        job.pids.add(int(entry))
-        job.node = job.node or env.get("SLURMD_NODENAME", "")
-        gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")
-        if gpus and (not job.gpus or "SLURM_JOB_GPUS" in env):
-            job.gpus = gpu_list(gpus)
-    return jobs
-
-
-def _cgroup_job(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read(64 << 10).decode("utf-8", "replace")
-    except OSError:
-        return None
-    match = _CGROUP_JOB.search(text)
-    return match.group(1) if match else None
 
 
 # -- following the jobs --------------------------------------------------------------------------
@@ -171,6 +110,7 @@ class _Followed:
     job: SlurmJob
     local: LocalJob
     sources: list[JobSource]
+    owner: int | None = None  # the uid its files and its processes' word must belong to; None: not read
     runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
     head: bool = True  # this node is the job's batch host: its runs' figures are served from here
     ended: bool = False
@@ -259,7 +199,7 @@ class SlurmWatcher:
             followed = self.jobs.get(job_id)
             if followed is not None:
                 with self._lock:
-                    followed.local = found
+                    followed.local = found if followed.owner is None else found.of_user(followed.owner)
                 continue
             if job_id in self.ended:
                 continue  # a straggler of a job already ended (an epilog, a process being reaped)
@@ -275,19 +215,26 @@ class SlurmWatcher:
         job = SlurmJob.parse(text) if text else None
         if job is None:
             return None  # asked again at the next look
+        owner = job_owner(job.uid, local.uids)
+        if owner is None:
+            log.warning("Slurm job %s: Slurm says uid %s runs it, its processes here run as %s; its files are "
+                        "not read", job.job_id, "unknown" if job.uid is None else job.uid,
+                        ", ".join(map(str, sorted(local.uids))) or "unknown users")
+            return _Followed(job, local, [], owner=None)
+        local = local.of_user(owner)
         paths = job.output_files(self.hostname)
         default = RunKey(job.job_name or "slurm", job.job_id)
         # The node's name in Slurm: its processes' SLURMD_NODENAME, else the short host name.
         head = not job.batch_host or job.batch_host == (local.node or self.hostname.split(".")[0])
         store = self.store if head else self.worker_store
-        sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1, owner=job.uid,
+        sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1, owner=owner,
                              open_files=self.open_files) for path in paths]
         for source in sources:
             source.siblings = [other for other in sources if other is not source]
         log.info("following Slurm job %s (%s, user %s)%s: %s", job.job_id, job.job_name, job.user,
                  "" if head else f" as a worker node of batch host {job.batch_host}, for the run's name only",
                  ", ".join(paths) or "no output file")
-        return _Followed(job, local, sources, head=head)
+        return _Followed(job, local, sources, owner=owner, head=head)
 
     def _swap_sources(self, added: list[_Followed], gone: list[_Followed]) -> None:
         """Add the new jobs' sources and end the gone jobs, with the ingestor stopped (no two threads
