@@ -217,6 +217,10 @@ def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(
         ("gsm8k", "grpo-7b", "42")]  # named by the config print it read
     assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
     assert watcher.node_runs() == {(run.project, run.experiment)} and watcher.pids() == {1000}
+    watcher.refresh()  # named: no more of the output is read here
+    assert watcher.jobs["42"].sources == [] and watcher.ingestor.sources == []
+    assert watcher.node_runs() == {(run.project, run.experiment)}
+    assert [s.labels["experiment"] for s in families(watcher)["verl_job_info"]] == ["grpo-7b"]
     cluster.end("42", state="FAILED", exit_code="1:0")
     watcher.refresh()
     assert cluster.asked == ["42"]  # the batch host decides the run: no question about its end here

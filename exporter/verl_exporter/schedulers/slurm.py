@@ -20,10 +20,11 @@ A job of several nodes (verl's Ray-on-Slurm layout: the driver on the batch host
 with ``srun`` on the others) logs on its batch host. That node's watcher serves the run's training
 figures; on every other node (its processes' ``SLURMD_NODENAME`` is not the job's ``BatchHost``) the
 watcher reads the same files, on the shared file system Slurm clusters write job output to, into a
-store of its own that is never served: only to learn the run's name, so that the node's GPUs, host and
-processes are attributed to it (``verl_job_info``, ``verl_job_gpu_info``, ``verl_node_run_info``)
-without a second copy of the training series. A worker that cannot read the files says so in its log
-and names no run: its GPUs are then attributed to none.
+store of its own that is never served, and only until it has the run's name (the config print at the
+top; a job whose output runs a second training after the first is attributed to the first), so that
+the node's GPUs, host and processes are attributed to it (``verl_job_info``, ``verl_job_gpu_info``,
+``verl_node_run_info``) without a second copy of the training series. A worker that cannot read
+the files says so in its log and names no run: its GPUs are then attributed to none.
 
 When a job's processes are gone from the node, its files are read to the end and closed, and each of
 its runs that has not finished is decided: finished if it reached its last step (verl's total), or,
@@ -40,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from ..collectors.job_info import JobRun
 from ..records import Record, RunKey
@@ -207,8 +208,11 @@ class SlurmWatcher:
             if new is not None:
                 added.append(new)
         gone = [followed for job_id, followed in self.jobs.items() if job_id not in local]
-        if added or gone:
-            self._swap_sources(added, gone)
+        # A worker node reads a job's output only until it has the run's name.
+        named = [followed for followed in self.jobs.values() if not followed.head and followed not in gone
+                 and any(source.runs() for source in followed.sources)]
+        if added or gone or named:
+            self._swap_sources(added, gone, named)
 
     def _follow(self, job_id: str, local: LocalJob) -> _Followed | None:
         text = self.scontrol(job_id)
@@ -236,9 +240,10 @@ class SlurmWatcher:
                  ", ".join(paths) or "no output file")
         return _Followed(job, local, sources, owner=owner, head=head)
 
-    def _swap_sources(self, added: list[_Followed], gone: list[_Followed]) -> None:
-        """Add the new jobs' sources and end the gone jobs, with the ingestor stopped (no two threads
-        read one source): a gone job's files are read to the end first."""
+    def _swap_sources(self, added: list[_Followed], gone: list[_Followed], named: Sequence[_Followed] = ()) -> None:
+        """Add the new jobs' sources, end the gone jobs and stop reading for the ``named`` (worker
+        node jobs whose run has its name), with the ingestor stopped (no two threads read one
+        source): a gone job's files are read to the end first."""
         running = self.ingestor.running
         self.ingestor.stop(timeout=3600.0)  # let its round finish
         try:
@@ -247,6 +252,14 @@ class SlurmWatcher:
                     self.jobs[followed.job.job_id] = followed
             for followed in gone:
                 self._end(followed)
+            for followed in named:
+                for source in followed.sources:
+                    followed.runs |= source.runs()
+                    source.close()
+                with self._lock:
+                    followed.sources = []
+                log.info("Slurm job %s: its run is %s; no more of its output is read on this node", followed.job.job_id,
+                         ", ".join(f"{run.project}/{run.experiment}" for run in sorted(followed.runs)))
         finally:
             sources = [source for followed in self.jobs.values() for source in followed.sources]
             self.ingestor = Ingestor(sources, interval=self.source_interval)
