@@ -20,7 +20,9 @@ Stragglers (VerlGpuStraggler) compare each GPU of a run with the run's other GPU
 utilisation over ``STRAGGLER_WINDOW`` (``RUN_GPU_BUSY``), its node's mean (``RUN_NODE_BUSY``) and the
 run's median over its GPUs (a ``FIGURES`` row). Only the GPUs of targets that work for one unfinished
 run count (``SOLE_RUN``): a node shared by two runs holds GPUs of both, and no label says which GPU is
-whose, so comparing them would find the other run's GPUs "slow".
+whose, so comparing them would find the other run's GPUs "slow". Where the node's exporter knows each
+job's GPUs (``JOB_GPUS``), each GPU counts for the run whose job holds it (``JOB_GPU_SOLE``), on a
+shared node too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ JOB_GPUS_EXPR = ("max by (job, instance, gpu, project, experiment) ("
 STRAGGLER_WINDOW = "10m"
 # The unfinished run of each target that works for exactly one.
 SOLE_RUN = "(${NODES} unless on(job, instance) count by (job, instance) (${NODES}) > 1)"
+# The GPUs that exactly one run's live job holds.
+JOB_GPU_SOLE = "(${JOB_GPUS} unless on(job, instance, gpu) count by (job, instance, gpu) (${JOB_GPUS}) > 1)"
 # Per GPU (job, instance, gpu, uuid, project, experiment): its mean utilisation over the window.
 RUN_GPU_BUSY = "run_gpu:verl_gpu_utilization_ratio:avg10m"
 # Per node of a run (job, instance, project, experiment): the mean of its GPUs' figure above.
@@ -136,8 +140,11 @@ def recording_rules() -> list[dict]:
         {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
         {"record": JOB_GPUS, "expr": JOB_GPUS_EXPR},
-        {"record": RUN_GPU_BUSY, "expr": "avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}])"
-                                         " * on(job, instance) group_left(project, experiment) ${SOLE_RUN}"},
+        {"record": RUN_GPU_BUSY,
+         "expr": "(avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}]) unless on(job, instance) ${JOB_GPUS})"
+                 " * on(job, instance) group_left(project, experiment) ${SOLE_RUN}"
+                 " or avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}])"
+                 " * on(job, instance, gpu) group_left(project, experiment) ${JOB_GPU_SOLE}"},
         {"record": RUN_NODE_BUSY,
          "expr": sub("avg by (job, instance, project, experiment) (${busy})", busy=RUN_GPU_BUSY)},
         *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
