@@ -474,7 +474,8 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
         "compares averages over several steps, asks for a gap of more than half, and ignores runs whose "
         "median GPU is nearly idle anyway (VerlGpusIdle's case) or that do not step (VerlTrainingStalled). "
         "A node that works for two runs at once is left out, as it is unknown which of its GPUs belong to "
-        "which run, unless its exporter knows each job's GPUs (`--slurm`: `verl_job_gpu_info`). GPUs that a run gives to a part that idles by design (a reward model's own pool) fire "
+        "which run, unless its exporter knows each job's GPUs (`--slurm`: `verl_job_gpu_info`). GPUs that a "
+        "run gives to a part that idles by design (a reward model's own pool) fire "
         "too: silence the alert for that run. Composer's HealthChecker flags a 10% spread over 120 s, "
         "which PPO's phases exceed in healthy runs.",
         fix="Open the run dashboard's GPU spread panel to see whether one GPU or a whole node lags. Check "
