@@ -63,6 +63,24 @@ def family_text(metric: Metric) -> bytes:
 _PLAIN_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _PLAIN_LABEL = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _plain_labels: set[str] = set()  # label names seen to need no escaping (bounded below)
+# What was written for a label set and for a value, in earlier scrapes: most repeat from scrape to
+# scrape (a GPU's labels, a counter that did not move). Cleared when full.
+_label_texts: dict[tuple[tuple[str, str], ...], str] = {}
+_value_texts: dict[float, str] = {}
+_CACHED = 20_000
+
+
+def _value_text(value: float) -> str:
+    """``floatToGoString(value)``, remembered; zero and NaN are written afresh (0.0 == -0.0, and no
+    NaN equals another)."""
+    text = _value_texts.get(value) if value else None
+    if text is None:
+        text = floatToGoString(value)
+        if value and value == value:
+            if len(_value_texts) >= _CACHED:
+                _value_texts.clear()
+            _value_texts[value] = text
+    return text
 
 
 def _plain_text(metric: Metric) -> bytes | None:
@@ -87,16 +105,22 @@ def _plain_text(metric: Metric) -> bytes | None:
             return None
         labels = sample.labels
         if not labels:
-            lines.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+            lines.append(f"{sample.name} {_value_text(sample.value)}\n")
             continue
-        for label in labels:
-            if label not in _plain_labels:
-                if not _PLAIN_LABEL.match(label):
-                    return None
-                if len(_plain_labels) < 10_000:
-                    _plain_labels.add(label)
-        text = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(labels.items()))
-        lines.append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+        key = tuple(labels.items())
+        text = _label_texts.get(key)
+        if text is None:
+            for label in labels:
+                if label not in _plain_labels:
+                    if not _PLAIN_LABEL.match(label):
+                        return None
+                    if len(_plain_labels) < 10_000:
+                        _plain_labels.add(label)
+            text = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(labels.items()))
+            if len(_label_texts) >= _CACHED:
+                _label_texts.clear()
+            _label_texts[key] = text
+        lines.append(f"{sample.name}{{{text}}} {_value_text(sample.value)}\n")
     return "".join(lines).encode("utf-8")
 
 

@@ -197,3 +197,20 @@ def test_family_text_writes_what_client_pythons_writer_writes():
     families.append(plain)
     for family in families:
         assert family_text(family) == generate_latest(_One(family)), family.name
+
+
+def test_remembered_label_texts_and_values_are_written_as_client_python_writes_them():
+    from prometheus_client.core import GaugeMetricFamily
+
+    from verl_exporter.exposition import _One, family_text
+
+    values = [0.5, 0.0, -0.0, math.nan, 0.5, -0.0, 0.0, 1, True, 1e22, math.inf, -math.inf, 2.5e-07]
+    for round_ in range(3):  # the later rounds are written from what the first remembered
+        gauge = GaugeMetricFamily("verl_g", "remembered", labels=["gpu", "uuid"])
+        for index, value in enumerate(values):
+            gauge.add_metric([str(index % 3), 'GPU-"x"\\' if index % 2 else "GPU-1"], value)
+        gauge.add_metric(["9", "same labels, another order"], 7.0)
+        reordered = GaugeMetricFamily("verl_h", "labels in another order", labels=["uuid", "gpu"])
+        reordered.add_metric(["GPU-1", "0"], 0.5)
+        for family in (gauge, reordered):
+            assert family_text(family) == generate_latest(_One(family)), (round_, family.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -26,21 +27,42 @@ class GpuSnapshot:
 
 
 class _Attempt:
-    """Runs ``fn`` in a daemon thread so the caller can stop waiting for it."""
+    """One read asked of the reader thread: ``done`` once it returned or raised."""
 
-    def __init__(self, fn: Callable[[], Any]):
+    def __init__(self) -> None:
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
-        threading.Thread(target=self._run, args=(fn,), name="verl-gpu-read", daemon=True).start()
 
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.result = fn()
-        except BaseException as exc:  # handed back to the scrape thread
-            self.error = exc
-        finally:
-            self.done.set()
+
+class _Reader:
+    """One daemon thread that runs ``fn`` for each attempt asked of it, so that a caller can stop
+    waiting for a read (started on the first request; a thread per read costs a scrape more)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+        self._requests: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def ask(self) -> _Attempt:
+        attempt = _Attempt()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="verl-gpu-read", daemon=True)
+                self._thread.start()
+        self._requests.put(attempt)
+        return attempt
+
+    def _serve(self) -> None:
+        while True:
+            attempt = self._requests.get()
+            try:
+                attempt.result = self.fn()
+            except BaseException as exc:  # handed back to the scrape thread
+                attempt.error = exc
+            finally:
+                attempt.done.set()
 
 
 class GpuCollector:
@@ -76,6 +98,7 @@ class GpuCollector:
         self.timeout_seconds = timeout_seconds
         self.last_error: str | None = None
         self._stuck: _Attempt | None = None
+        self._reader = _Reader(self._read)
 
     def describe(self) -> Iterable[Metric]:
         return self._families().values()
@@ -99,7 +122,7 @@ class GpuCollector:
                 self.last_error = "an earlier NVML read is still stuck; skipping this scrape's read"
                 return None
             self._stuck = None
-        attempt = _Attempt(self._read)
+        attempt = self._reader.ask()
         if not attempt.done.wait(self.timeout_seconds):
             self._stuck = attempt
             self.last_error = f"NVML read took longer than {self.timeout_seconds:g} s; skipped"
