@@ -214,18 +214,26 @@ def nodes_table() -> table.Panel:
         ("Job processes", run_gpus("sum by (instance) (verl_job_processes)") + f" or 0 * {RUN_NODES}", "none"),
     ]
     ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
+    job = f"max by (instance, job_id, user, partition) (verl_job_info{{{RUN}}})"  # the scheduler's job, per node
+    job_ref = chr(ord("A") + len(cols))
     panel = (table.Panel().title("Nodes of this run").datasource(DATASOURCE).unit("none")
              .description("Every exporter that works for the run: the head node, which reads the logs, and the "
-                          "worker nodes, which name the run with --project/--experiment (verl_node_run_info). "
-                          "Job processes: those the exporter watches (--job.match), 0 where it watches none.")
+                          "worker nodes, which name the run with --project/--experiment or find its job "
+                          "themselves (--slurm) (verl_node_run_info). "
+                          "Job processes: those the exporter watches (--job.match, or the Slurm job's with "
+                          "--slurm), 0 where it watches none. Job, User and Partition: the Slurm job that runs "
+                          "the run on that node (verl_job_info), empty where no scheduler names one.")
              .thresholds(thresholds(steps(NEUTRAL))).span(24).height(6)
              .targets([query(expr, ref_id=ref_id, instant=True, table=True)
-                       for ref_id, (_, expr, _) in zip(ref_ids, cols)])
+                       for ref_id, (_, expr, _) in zip(ref_ids, cols)]
+                      + [query(job, ref_id=job_ref, instant=True, table=True)])
              .with_transformation(DataTransformerConfig(id_val="merge", options={}))
              .with_transformation(DataTransformerConfig(id_val="organize", options={
-                 "excludeByName": {"Time": True},
-                 "indexByName": {"instance": 0, **{f"Value #{ref_id}": 1 + i for i, ref_id in enumerate(ref_ids)}},
-                 "renameByName": {f"Value #{ref_id}": header for ref_id, (header, _, _) in zip(ref_ids, cols)},
+                 "excludeByName": {"Time": True, f"Value #{job_ref}": True},
+                 "indexByName": {"instance": 0, **{f"Value #{ref_id}": 1 + i for i, ref_id in enumerate(ref_ids)},
+                                 "job_id": len(cols) + 1, "user": len(cols) + 2, "partition": len(cols) + 3},
+                 "renameByName": {**{f"Value #{ref_id}": header for ref_id, (header, _, _) in zip(ref_ids, cols)},
+                                  "job_id": "Job", "user": "User", "partition": "Partition"},
              })))
     for header, _, unit in cols:
         panel = panel.override_by_name(header, [DynamicConfigValue("unit", unit)])
@@ -243,7 +251,8 @@ def spread_panel() -> timeseries.Panel:
         f"nodes (recording rules). VerlGpuStraggler fires for a GPU under {ratio:g} times the median (the dashed "
         f"line) for 10 minutes while the median is above {nodes.THRESHOLDS['straggler_min_median']:g} and the "
         "run steps: a node far under the median is the slow one; the GPU utilization panel shows its GPUs. "
-        "Nodes that work for two runs at once are left out (their GPUs cannot be told apart).",
+        "A node that works for two runs at once counts only where its exporter knows each job's GPUs "
+        "(--slurm: verl_job_gpu_info); elsewhere its GPUs cannot be told apart and it is left out.",
         "percentunit", steps(NEUTRAL),
         [query(f"{nodes.RUN_NODE_BUSY}{{{RUN}}}", "{{instance}}"),
          query(f"{nodes.RUN_MEDIAN_BUSY}{{{RUN}}}", "run median"),
