@@ -36,6 +36,7 @@ run stays unfinished and its ``verl_job_running`` turns 0: the alerts read it as
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -56,6 +57,11 @@ log = logging.getLogger(__name__)
 MAX_ENDED = 64  # ended jobs whose runs are still served (verl_job_info, verl_job_running 0)
 END_CHECKS = 3  # looks at an ended job Slurm still calls running before its state is taken as it is
 _STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "")
+# Any user can make processes claim any job ids: at most this many new ids are asked about in a
+# look, and an id Slurm does not answer for is asked about again after 1, 2, 4 ... up to MAX_WAIT looks.
+MAX_ASKS = 16
+MAX_WAIT = 32
+_USER_IDS = re.compile(r"(?:^|\s)UserId=[^\s(]*\((\d+)\)")
 
 
 # -- following the jobs --------------------------------------------------------------------------
@@ -112,6 +118,7 @@ class _Followed:
     local: LocalJob
     sources: list[JobSource]
     owner: int | None = None  # the uid its files and its processes' word must belong to; None: not read
+    believed: bool = True  # Slurm's line names one user (not a job name's forged UserId=)
     runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
     head: bool = True  # this node is the job's batch host: its runs' figures are served from here
     ended: bool = False
@@ -138,6 +145,8 @@ class SlurmWatcher:
         self.clock = clock
         self.own_pid = own_pid
         self.jobs: dict[str, _Followed] = {}
+        self._looks = 0
+        self._unanswered: dict[str, tuple[int, int]] = {}  # job id: (the look it is asked again at, misses)
         self.ended: OrderedDict[str, _Followed] = OrderedDict()
         self.ingestor = Ingestor([], interval=source_interval)
         self._lock = threading.Lock()
@@ -195,18 +204,38 @@ class SlurmWatcher:
     def refresh(self) -> None:
         """One look: follow the jobs that appeared, end those whose processes are gone."""
         local = scan_proc(self.proc_root, self.own_pid)
+        self._looks += 1
         added: list[_Followed] = []
+        asks: list[str] = []
         for job_id, found in local.items():
             followed = self.jobs.get(job_id)
             if followed is not None:
+                if followed.owner is None and followed.believed and job_owner(followed.job.uid, found.uids) is not None:
+                    # Its user's processes came (seen first: slurmstepd's, the prolog's, or another
+                    # user's claiming its id): follow it now, as Slurm describes it now.
+                    new = self._follow(job_id, found)
+                    if new is not None:
+                        added.append(new)
+                        continue
                 with self._lock:
                     followed.local = found if followed.owner is None else found.of_user(followed.owner)
                 continue
             if job_id in self.ended:
                 continue  # a straggler of a job already ended (an epilog, a process being reaped)
-            new = self._follow(job_id, found)
+            if self._unanswered.get(job_id, (0, 0))[0] <= self._looks:
+                asks.append(job_id)
+        # Ids with a root process first (slurmstepd, the prolog: no user can make one claim an id).
+        asks.sort(key=lambda job_id: (0 not in local[job_id].uids, self._unanswered.get(job_id, (0, 0))[1]))
+        for job_id in asks[:MAX_ASKS]:
+            new = self._follow(job_id, local[job_id])
             if new is not None:
                 added.append(new)
+                self._unanswered.pop(job_id, None)
+            else:
+                misses = self._unanswered.get(job_id, (0, 0))[1] + 1
+                self._unanswered[job_id] = (self._looks + min(2 ** min(misses - 1, 8), MAX_WAIT), misses)
+        for job_id in [job_id for job_id in self._unanswered if job_id not in local]:
+            del self._unanswered[job_id]
         gone = [followed for job_id, followed in self.jobs.items() if job_id not in local]
         # A worker node reads a job's output only until it has the run's name.
         named = [followed for followed in self.jobs.values() if not followed.head and followed not in gone
@@ -215,16 +244,22 @@ class SlurmWatcher:
             self._swap_sources(added, gone, named)
 
     def _follow(self, job_id: str, local: LocalJob) -> _Followed | None:
-        text = self.scontrol(job_id)
-        job = SlurmJob.parse(text) if text else None
+        text = self.scontrol(job_id) or ""
+        # The line of the job asked about: scontrol answers an array's id with all its tasks, and
+        # reads "0042" as 42.
+        line = next((line for line in text.split("\n") if line.startswith(f"JobId={job_id} ")), "")
+        job = SlurmJob.parse(line)
         if job is None:
-            return None  # asked again at the next look
-        owner = job_owner(job.uid, local.uids)
+            return None  # asked again at a later look
+        # A job name holding " UserId=root(0)", or a newline before Slurm's own UserId, must not
+        # make the job root's while only root's processes (slurmstepd, the prolog) are seen.
+        believed = {int(uid) for uid in _USER_IDS.findall(text)} == ({job.uid} if job.uid is not None else set())
+        owner = job_owner(job.uid, local.uids) if believed else None
         if owner is None:
             log.warning("Slurm job %s: Slurm says uid %s runs it, its processes here run as %s; its files are "
                         "not read", job.job_id, "unknown" if job.uid is None else job.uid,
                         ", ".join(map(str, sorted(local.uids))) or "unknown users")
-            return _Followed(job, local, [], owner=None)
+            return _Followed(job, local, [], owner=None, believed=believed)
         local = local.of_user(owner)
         paths = job.output_files(self.hostname)
         default = RunKey(job.job_name or "slurm", job.job_id)
@@ -267,6 +302,12 @@ class SlurmWatcher:
                 self.ingestor.start()
 
     def _end(self, followed: _Followed) -> None:
+        if followed.owner is None:
+            # Nothing of it was read; kept among the ended, it would hide the real job with its id
+            # from a user who made a process claim the id before the job came.
+            with self._lock:
+                del self.jobs[followed.job.job_id]
+            return
         for source in followed.sources:
             source.settle(timeout=2.0)
             followed.runs |= source.runs()

@@ -15,6 +15,8 @@ log = logging.getLogger("verl_exporter.schedulers.slurm")  # the --slurm daemon'
 
 SCONTROL_TIMEOUT = 10.0
 NO_VAL = "4294967294"  # what Slurm writes for %a outside an array job
+MAX_GPUS = 128  # of one job on one node: a user's environment must not make thousands of series
+PATH_MAX = 4096  # a longer resolved path names no file (a long %x many times over)
 _FINAL_OK = ("COMPLETED",)
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
@@ -23,7 +25,8 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 def parse_fields(text: str) -> dict[str, str]:
     """``Key=value`` pairs of ``scontrol show job -o``'s one line (a value may hold spaces: it runs
     to the next `` Key=``); the first of a key repeated (per-node details of ``-d``) wins."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
+    # scontrol ends its line at "\n" only: str.splitlines() would also cut a job name at \x1c or U+2028.
+    line = text.strip().split("\n")[0] if text.strip() else ""
     marks = list(_KEY.finditer(line))
     fields: dict[str, str] = {}
     for mark, following in zip(marks, [*marks[1:], None]):
@@ -118,7 +121,8 @@ def resolve_path(pattern: str, job: SlurmJob, hostname: str = "") -> str | None:
         return None
     if not os.path.isabs(path) and job.work_dir:
         path = os.path.join(job.work_dir, path)
-    return os.path.normpath(path)
+    path = os.path.normpath(path)
+    return path if len(path) <= PATH_MAX else None
 
 
 def first_node(node_list: str) -> str:
@@ -144,14 +148,17 @@ def gpu_list(text: str) -> tuple[str, ...]:
             gpus += [str(index) for index in range(int(low), int(high) + 1)]
         else:
             gpus.append(item)
-    return tuple(dict.fromkeys(gpus))
+        if len(gpus) > MAX_GPUS:
+            break
+    return tuple(dict.fromkeys(gpus))[:MAX_GPUS]
 
 
 def show_job(job_id: str) -> str | None:
     """``scontrol show job -d -o <id>``'s output; None where scontrol fails (no such job any more)."""
     try:
-        done = subprocess.run(["scontrol", "show", "job", "-d", "-o", job_id], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT, check=False)
+        # A job name or path is any bytes its user chose: decoding strictly would fail the whole look.
+        done = subprocess.run(["scontrol", "show", "job", "-d", "-o", job_id], capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=SCONTROL_TIMEOUT, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("scontrol show job %s failed: %s", job_id, exc)
         return None

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from .slurm_jobs import gpu_list
 
 MAX_ENVIRON_BYTES = 256 << 10  # of /proc/PID/environ: the kernel caps argv + env at a few MiB, jobs use less
-_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+# Of one variable kept: a GPU list is short, and every process of every user may hold 128 KiB ones.
+MAX_VALUE_BYTES = 4096
+# A job id as Slurm writes it (a uint32, no leading zero): "0042", "４２" or "²" would be a second
+# name for a job, or one scontrol cannot read.
+JOB_ID = re.compile(r"[1-9][0-9]{0,9}")
+_CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
 
 
 @dataclass
@@ -71,7 +76,7 @@ def read_environ(path: str, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str]:
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_JOB_GPUS", b"CUDA_VISIBLE_DEVICES",
-                              b"SLURMD_NODENAME"):
+                              b"SLURMD_NODENAME") and len(value) <= MAX_VALUE_BYTES:
             env[key.decode("ascii")] = value.decode("utf-8", "replace")
     return env
 
@@ -90,7 +95,7 @@ def scan_proc(proc_root: str = "/proc", own_pid: int | None = None) -> dict[str,
         base = os.path.join(proc_root, entry)
         env = read_environ(os.path.join(base, "environ"))
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or _cgroup_job(os.path.join(base, "cgroup"))
-        if not job_id or not job_id.isdigit():
+        if not job_id or not JOB_ID.fullmatch(job_id):
             continue
         named = env if env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") else {}
         jobs.setdefault(job_id, LocalJob()).add(int(entry), _uid(base), named)
