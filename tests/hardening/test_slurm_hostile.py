@@ -9,7 +9,15 @@ import shutil
 
 import pytest
 
-from unit.test_slurm_watcher import Cluster, fake_process, families, poll, run_as, scontrol_line, write_log
+from unit import test_slurm_watcher
+from unit.test_slurm_watcher import (
+    fake_process,
+    families,
+    poll,
+    run_as,
+    scontrol_line,
+    write_log,
+)
 from verl_exporter.catalog import default_catalog
 from verl_exporter.records import RunKey
 from verl_exporter.schedulers.slurm import SlurmWatcher
@@ -17,17 +25,9 @@ from verl_exporter.schedulers.slurm_jobs import SlurmJob, gpu_list, show_job
 from verl_exporter.schedulers.slurm_procs import read_environ, scan_proc
 from verl_exporter.store import RunStore
 
+node = test_slurm_watcher.node  # the fake node: /proc tree, scontrol answers, a watcher
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")
 RUN = RunKey("gsm8k", "grpo-7b")
-
-
-@pytest.fixture
-def node(tmp_path):
-    cluster = Cluster(tmp_path)
-    store = RunStore(default_catalog())
-    watcher = SlurmWatcher(store, proc_root=str(cluster.proc), scontrol=cluster.scontrol, hostname="gpu03",
-                           own_pid=os.getpid())
-    return cluster, store, watcher
 
 
 def gone(cluster, pid: int) -> None:
