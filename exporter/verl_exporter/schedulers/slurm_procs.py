@@ -25,14 +25,15 @@ class LocalJob:
     """A job's processes on this node, who runs them, and what their environment says: the GPUs
     (``SLURM_JOB_GPUS``, else ``CUDA_VISIBLE_DEVICES``) and this node's name in Slurm
     (``SLURMD_NODENAME``). Only ``of_user(uid)`` fills ``gpus`` and ``node``, from that user's
-    processes: anyone can put a job's id in the environment of a process of theirs, only the job's
-    user runs its tasks."""
+    processes, and its ``pids`` keep only the processes of that user or of the job's cgroup: anyone
+    can put a job's id in the environment of a process of theirs, only the job's user runs its tasks."""
 
     pids: set[int] = field(default_factory=set)
     uids: set[int] = field(default_factory=set)  # of its processes (slurmstepd's root among them)
     environments: list[tuple[int | None, dict[str, str]]] = field(default_factory=list)  # of those naming the job
     gpus: tuple[str, ...] = ()
     node: str = ""
+    claimed: dict[int, int | None] = field(default_factory=dict)  # pid -> uid of those its environment names
 
     def add(self, pid: int, uid: int | None, env: dict[str, str]) -> None:
         self.pids.add(pid)
@@ -40,10 +41,13 @@ class LocalJob:
             self.uids.add(uid)
         if env:
             self.environments.append((uid, env))
+            self.claimed[pid] = uid
 
     def of_user(self, uid: int) -> "LocalJob":
-        """The job as the processes of ``uid`` describe it."""
-        job = LocalJob(self.pids, self.uids, self.environments)
+        """The job as the processes of ``uid`` describe it: another user's process that names the
+        job in its environment is none of its processes (its memory, CPU and GPUs are not the job's)."""
+        pids = {pid for pid in self.pids if self.claimed.get(pid, uid) == uid}
+        job = LocalJob(pids, self.uids, self.environments, claimed=self.claimed)
         for owner, env in self.environments:
             if owner != uid:
                 continue
