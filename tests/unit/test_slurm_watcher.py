@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pprint
+import time
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,8 @@ def write_log(path: Path, steps: int, total: int | None = None, config: bool = T
 
 def poll(watcher: SlurmWatcher) -> None:
     watcher.refresh()
-    watcher.ingestor.poll_all()
-    watcher.ingestor.poll_all()
+    watcher.poll_all()
+    watcher.poll_all()
 
 
 def families(watcher: SlurmWatcher) -> dict:
@@ -185,7 +186,7 @@ def test_a_job_that_reaches_its_last_step_finishes(node):
     cluster.end("42")
     watcher.refresh()
     assert store.run(run).finished and store.run(run).last_step == 3
-    assert watcher.jobs == {} and watcher.ingestor.sources == [] and watcher.pids() == set()
+    assert watcher.jobs == {} and watcher.sources() == [] and watcher.pids() == set()
     assert [s.value for s in families(watcher)["verl_job_running"]] == [0.0]
     assert cluster.asked == ["42", "42"]  # once when found, once when it ended
     poll(watcher)
@@ -218,7 +219,7 @@ def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(
     assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
     assert watcher.node_runs() == {(run.project, run.experiment)} and watcher.pids() == {1000}
     watcher.refresh()  # named: no more of the output is read here
-    assert watcher.jobs["42"].sources == [] and watcher.ingestor.sources == []
+    assert watcher.jobs["42"].sources == [] and watcher.sources() == []
     assert watcher.node_runs() == {(run.project, run.experiment)}
     assert [s.labels["experiment"] for s in families(watcher)["verl_job_info"]] == ["grpo-7b"]
     cluster.end("42", state="FAILED", exit_code="1:0")
@@ -357,7 +358,7 @@ def test_stdout_and_stderr_apart_feed_one_run(node):
     err.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n")
     cluster.start("46", stdout=str(out), stderr=str(err))
     watcher.refresh()
-    watcher.ingestor.poll_all()  # stdout first: it names the run
+    watcher.poll_all()  # stdout first: it names the run
     state = store.run(RunKey("gsm8k", "grpo-7b"))
     assert state.last_step == 2 and state.total_steps == 2 and state.finished
     assert state.log_errors == {"traceback": 1}  # stderr's traceback is the run's
@@ -392,3 +393,42 @@ def test_slurm_excludes_job_flags_and_serves_job_info(tmp_path):
     app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
     assert app.slurm is not None and "job_info" in app._collectors()
     assert load_options(["--slurm", "--slurm.poll-interval", "2s"]).slurm_poll_interval == 2.0
+
+
+def test_a_job_whose_files_hang_stops_only_its_own_reading(node, monkeypatch, caplog):
+    import threading
+
+    from verl_exporter.schedulers import slurm
+
+    cluster, store, watcher = node
+    monkeypatch.setattr(slurm, "READ_STOP_TIMEOUT", 0.2)
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=1, total=9)  # on a mount that stops answering
+    log_43 = cluster.runs / "other-43.out"
+    write_log(log_43, steps=1, total=9, config=False)
+    cluster.start("42")
+    cluster.start("43", pids=(1001,), name="other")
+    watcher.refresh()
+    released = threading.Event()
+    hanging = watcher.jobs["42"].sources[0]
+    monkeypatch.setattr(hanging, "poll", lambda: released.wait(30) and 0)
+    for followed in watcher.jobs.values():
+        followed.reader.interval = 0.01
+        followed.reader.start()
+    try:
+        with open(log_43, "a") as log:
+            log.write("step:2 - actor/pg_loss:0.1\n")
+        other = RunKey("other", "43")
+        deadline = time.monotonic() + 10
+        while (store.run(other) is None or store.run(other).last_step != 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.run(other).last_step == 2  # read on while job 42's reading hangs
+        cluster.end("42", state="FAILED", exit_code="1:0")
+        started = time.monotonic()
+        watcher.refresh()
+        assert time.monotonic() - started < 5  # the look does not wait for the hung read
+        assert "42" not in watcher.jobs and "reading its files hangs" in caplog.text
+        assert "43" in watcher.jobs and watcher.jobs["43"].reader.running
+    finally:
+        released.set()
+        for followed in watcher.jobs.values():
+            followed.reader.stop()

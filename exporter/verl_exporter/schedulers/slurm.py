@@ -61,6 +61,9 @@ _STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING",
 # look, and an id Slurm does not answer for is asked about again after 1, 2, 4 ... up to MAX_WAIT looks.
 MAX_ASKS = 16
 MAX_WAIT = 32
+# Each job's files are read on a thread of its own: one that hangs (a user's FUSE mount, a dead NFS
+# server) stops only that job's reading, and is waited for at most this long when the job ends.
+READ_STOP_TIMEOUT = 5.0
 _USER_IDS = re.compile(r"(?:^|\s)UserId=[^\s(]*\((\d+)\)")
 
 
@@ -121,6 +124,7 @@ class _Followed:
     believed: bool = True  # Slurm's line names one user (not a job name's forged UserId=)
     runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
     head: bool = True  # this node is the job's batch host: its runs' figures are served from here
+    reader: Ingestor | None = None  # the thread that reads its files
     ended: bool = False
     end_checks: int = 0
 
@@ -148,7 +152,6 @@ class SlurmWatcher:
         self._looks = 0
         self._unanswered: dict[str, tuple[int, int]] = {}  # job id: (the look it is asked again at, misses)
         self.ended: OrderedDict[str, _Followed] = OrderedDict()
-        self.ingestor = Ingestor([], interval=source_interval)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,9 +184,23 @@ class SlurmWatcher:
 
     # -- the watcher thread
 
+    def sources(self) -> list[JobSource]:
+        """The sources of the jobs followed now."""
+        with self._lock:
+            return [source for followed in self.jobs.values() for source in followed.sources]
+
+    def poll_all(self) -> int:
+        """One synchronous round over every job's files (for tests: the readers' threads poll)."""
+        with self._lock:
+            readers = [followed.reader for followed in self.jobs.values() if followed.reader is not None]
+        return sum(reader.poll_all() for reader in readers)
+
     def start(self) -> None:
         self._started = True
-        self.ingestor.start()
+        with self._lock:
+            readers = [followed.reader for followed in self.jobs.values() if followed.reader is not None]
+        for reader in readers:
+            reader.start()
         self._thread = threading.Thread(target=self._run, name="verl-exporter-slurm", daemon=True)
         self._thread.start()
 
@@ -191,7 +208,8 @@ class SlurmWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(SCONTROL_TIMEOUT + 5)
-        self.ingestor.stop()
+        for followed in list(self.jobs.values()):
+            self._halt(followed)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -241,7 +259,7 @@ class SlurmWatcher:
         named = [followed for followed in self.jobs.values() if not followed.head and followed not in gone
                  and any(source.runs() for source in followed.sources)]
         if added or gone or named:
-            self._swap_sources(added, gone, named)
+            self._apply(added, gone, named)
 
     def _follow(self, job_id: str, local: LocalJob) -> _Followed | None:
         text = self.scontrol(job_id) or ""
@@ -273,33 +291,41 @@ class SlurmWatcher:
         log.info("following Slurm job %s (%s, user %s)%s: %s", job.job_id, job.job_name, job.user,
                  "" if head else f" as a worker node of batch host {job.batch_host}, for the run's name only",
                  ", ".join(paths) or "no output file")
-        return _Followed(job, local, sources, owner=owner, head=head)
+        reader = Ingestor(sources, interval=self.source_interval) if sources else None
+        return _Followed(job, local, sources, owner=owner, head=head, reader=reader)
 
-    def _swap_sources(self, added: list[_Followed], gone: list[_Followed], named: Sequence[_Followed] = ()) -> None:
-        """Add the new jobs' sources, end the gone jobs and stop reading for the ``named`` (worker
-        node jobs whose run has its name), with the ingestor stopped (no two threads read one
-        source): a gone job's files are read to the end first."""
-        running = self.ingestor.running
-        self.ingestor.stop(timeout=3600.0)  # let its round finish
-        try:
+    def _apply(self, added: list[_Followed], gone: list[_Followed], named: Sequence[_Followed] = ()) -> None:
+        """Start reading the new jobs' files, end the gone jobs (their files read to the end first)
+        and stop reading for the ``named`` (worker node jobs whose run has its name). A job's files
+        are touched here only once its reader has stopped: no two threads read one source."""
+        for followed in added:
             with self._lock:
-                for followed in added:
-                    self.jobs[followed.job.job_id] = followed
-            for followed in gone:
-                self._end(followed)
-            for followed in named:
-                for source in followed.sources:
-                    followed.runs |= source.runs()
-                    source.close()
-                with self._lock:
-                    followed.sources = []
-                log.info("Slurm job %s: its run is %s; no more of its output is read on this node", followed.job.job_id,
-                         ", ".join(f"{run.project}/{run.experiment}" for run in sorted(followed.runs)))
-        finally:
-            sources = [source for followed in self.jobs.values() for source in followed.sources]
-            self.ingestor = Ingestor(sources, interval=self.source_interval)
-            if running or self._started:
-                self.ingestor.start()
+                replaced = self.jobs.get(followed.job.job_id)
+                self.jobs[followed.job.job_id] = followed
+            if replaced is not None:  # followed before without its files (its user's processes came)
+                self._halt(replaced)
+            if self._started and followed.reader is not None:
+                followed.reader.start()
+        for followed in gone:
+            self._end(followed)
+        for followed in named:
+            if not self._halt(followed):
+                continue  # its reading hangs: looked at again at the next look
+            for source in followed.sources:
+                followed.runs |= source.runs()
+                source.close()
+            with self._lock:
+                followed.sources, followed.reader = [], None
+            log.info("Slurm job %s: its run is %s; no more of its output is read on this node", followed.job.job_id,
+                     ", ".join(f"{run.project}/{run.experiment}" for run in sorted(followed.runs)))
+
+    def _halt(self, followed: _Followed) -> bool:
+        """Stop the job's reader; False (and a warning) when its read hangs past READ_STOP_TIMEOUT."""
+        if followed.reader is None or followed.reader.stop(READ_STOP_TIMEOUT):
+            return True
+        log.warning("Slurm job %s: reading its files hangs (%s); the other jobs are read on", followed.job.job_id,
+                    ", ".join(source.pattern for source in followed.sources))
+        return False
 
     def _end(self, followed: _Followed) -> None:
         if followed.owner is None:
@@ -308,9 +334,14 @@ class SlurmWatcher:
             with self._lock:
                 del self.jobs[followed.job.job_id]
             return
-        for source in followed.sources:
-            source.settle(timeout=2.0)
-            followed.runs |= source.runs()
+        if self._halt(followed):
+            for source in followed.sources:
+                source.settle(timeout=2.0)
+                followed.runs |= source.runs()
+        else:  # its runs are decided on what was read; its hung reader is left to end by itself
+            for source in followed.sources:
+                followed.runs |= source.runs()
+            followed.sources, followed.reader = [], None
         if not followed.head:  # the batch host's watcher decides the runs; here the node's part ended
             self._retire(followed, None)
             return

@@ -58,12 +58,15 @@ class Ingestor:
         self._thread = threading.Thread(target=self._run, name="verl-exporter-ingest", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to finish its round and wait for it."""
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask the thread to finish its round and wait for it, at most ``timeout`` seconds; False
+        when it is still in its round (a read that hangs), and is left to end by itself."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     @property
     def running(self) -> bool:
