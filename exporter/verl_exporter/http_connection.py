@@ -191,11 +191,16 @@ class Connection:
             log.debug("%s \"%s %s HTTP/%s\" %d %d", self.client, printable(method), printable(target),
                       printable(request.http_version), status, len(body))
             self._arm(self.server.write_timeout)
-            self._write(conn.send(h11.Response(status_code=status, headers=headers,
-                                               reason=HTTPStatus(status).phrase.encode())))
-            if method != "HEAD":
-                await self._write_body(conn, body)
-            self._write(conn.send(h11.EndOfMessage()))
+            head = conn.send(h11.Response(status_code=status, headers=headers,
+                                          reason=HTTPStatus(status).phrase.encode()))
+            if method != "HEAD" and len(body) <= CHUNK:  # most answers: one write, one wait
+                data = conn.send_with_data_passthrough(h11.Data(data=body)) or []
+                self._write(b"".join([head, *data, conn.send(h11.EndOfMessage())]))
+            else:
+                self._write(head)
+                if method != "HEAD":
+                    await self._write_body(conn, body)
+                self._write(conn.send(h11.EndOfMessage()))
             await self._drain()
             self.busy = False
             if (conn.our_state is not h11.DONE or conn.their_state is not h11.DONE

@@ -360,13 +360,39 @@ def bench_concurrent(work: Path, code: Path, scrapers: int, seconds: float) -> t
             thread.start()
         for thread in threads:
             thread.join()
+        load = wrk_load(exporter.url + "/metrics", scrapers, seconds)
     stats = summary(latencies)
-    figures = {"scrapers": scrapers, "seconds": seconds, "scrapes": stats["n"], "failed": failures[0], **stats}
+    figures = {"scrapers": scrapers, "seconds": seconds, "scrapes": stats["n"], "failed": failures[0], **stats,
+               "wrk": load}
     rows = [Row(f"{scrapers} scrapers: p50", stats["median"] * 1000, "ms"),
             Row(f"{scrapers} scrapers: p99", stats["p99"] * 1000, "ms", "< 100", stats["p99"] < 0.1),
             Row(f"{scrapers} scrapers: scrapes served", stats["n"], "scrapes"),
             Row(f"{scrapers} scrapers: failed", failures[0], "scrapes", "0", failures[0] == 0)]
+    if load:
+        rows += [Row(f"{scrapers} connections (wrk): p50", load["p50_ms"], "ms"),
+                 Row(f"{scrapers} connections (wrk): p99", load["p99_ms"], "ms", "< 100", load["p99_ms"] < 100),
+                 Row(f"{scrapers} connections (wrk): scrapes per second", load["requests_per_second"], "/s")]
     return figures, rows
+
+
+def wrk_load(url: str, connections: int, seconds: float) -> dict:
+    """The same load from wrk (Debian's package), a C client that leaves the CPUs to the exporter: the
+    Python scrapers above measure themselves as much as the server. Empty where wrk is not installed."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return {}
+    done = subprocess.run([wrk, "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+                           "-H", "Accept-Encoding: gzip", url], capture_output=True, text=True, timeout=seconds + 60)
+    units = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+    def latency(percent: str) -> float:
+        value, unit = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)$", done.stdout, re.M).groups()
+        return float(value) * units[unit]
+
+    rate = re.search(r"^Requests/sec:\s+([\d.]+)", done.stdout, re.M)
+    if done.returncode != 0 or rate is None:
+        return {"error": (done.stderr or done.stdout)[-500:]}
+    return {"p50_ms": latency("50"), "p99_ms": latency("99"), "requests_per_second": float(rate.group(1))}
 
 
 def bench_ingest(work: Path, code: Path, cache: Path, mb: float) -> tuple[dict, list[Row]]:
