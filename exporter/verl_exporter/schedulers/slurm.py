@@ -309,11 +309,11 @@ class SlurmWatcher:
         for followed in gone:
             self._end(followed)
         for followed in named:
-            if not self._halt(followed):
-                continue  # its reading hangs: looked at again at the next look
+            stopped = self._halt(followed)
             for source in followed.sources:
                 followed.runs |= source.runs()
-                source.close()
+                if stopped:  # a hung reader is left its files, to end by itself
+                    source.close()
             with self._lock:
                 followed.sources, followed.reader = [], None
             log.info("Slurm job %s: its run is %s; no more of its output is read on this node", followed.job.job_id,

@@ -62,10 +62,11 @@ class Ingestor:
         """Ask the thread to finish its round and wait for it, at most ``timeout`` seconds; False
         when it is still in its round (a read that hangs), and is left to end by itself."""
         self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+            self._thread = None
         return True
 
     @property
