@@ -107,7 +107,7 @@ def test_a_real_job_is_asked_about_before_made_up_ids(node):
 
 
 @as_root
-def test_a_job_first_seen_with_only_slurmstepd_is_followed_once_its_tasks_come(node):
+def test_a_job_first_seen_with_only_slurmstepd_is_followed_once_its_tasks_come(node, caplog):
     cluster, store, watcher = node
     alice = os.getuid() + 1001
     write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
@@ -117,6 +117,7 @@ def test_a_job_first_seen_with_only_slurmstepd_is_followed_once_its_tasks_come(n
     slurmstepd(cluster, 900, "42")
     poll(watcher)
     assert watcher.jobs["42"].sources == []  # root's process alone does not say whose files they are
+    assert "not read" not in caplog.text  # the usual start of a job: no warning
     cluster.start("42", user=f"alice({alice})")
     run_as(cluster, (1000,), alice)
     poll(watcher)

@@ -274,9 +274,12 @@ class SlurmWatcher:
         believed = {int(uid) for uid in _USER_IDS.findall(text)} == ({job.uid} if job.uid is not None else set())
         owner = job_owner(job.uid, local.uids) if believed else None
         if owner is None:
-            log.warning("Slurm job %s: Slurm says uid %s runs it, its processes here run as %s; its files are "
-                        "not read", job.job_id, "unknown" if job.uid is None else job.uid,
-                        ", ".join(map(str, sorted(local.uids))) or "unknown users")
+            if believed and local.uids <= {0}:  # slurmstepd or the prolog before the job's tasks: usual
+                log.debug("Slurm job %s: only root's processes so far; its user's are waited for", job.job_id)
+            else:
+                log.warning("Slurm job %s: Slurm says uid %s runs it, its processes here run as %s; its files are "
+                            "not read", job.job_id, "unknown" if job.uid is None else job.uid,
+                            ", ".join(map(str, sorted(local.uids))) or "unknown users")
             return _Followed(job, local, [], owner=None, believed=believed)
         local = local.of_user(owner)
         paths = job.output_files(self.hostname)
