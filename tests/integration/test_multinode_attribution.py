@@ -79,7 +79,9 @@ def test_per_run_figures_cover_all_24_gpus(cluster):
     per_gpu_total = value(prom, "max(verl_gpu_memory_total_bytes)")
     assert value(prom, f"project_experiment:verl_gpu_memory_total_bytes:sum{{{SELECTOR}}}") == 24 * per_gpu_total
     # The recorded figures equal the same aggregate over the three nodes' GPUs at the rule's own
-    # timestamp (a scrape ingested just after an evaluation can differ: another evaluation is taken).
+    # timestamp (the last recorded sample's). A scrape stamped just before an evaluation but stored
+    # just after it is in the direct aggregate only: the fake GPUs move by a few watts a second, so
+    # 2% absorbs it, while a node left out would cost a third of a sum.
     nodes = 'instance=~"{}"'.format("|".join(i for n, i in cluster[1].items() if n != "other"))
     pairs = (("verl_gpu_utilization_ratio:avg", "avg(verl_gpu_utilization_ratio{%s})"),
              ("verl_gpu_power_watts:sum", "sum(verl_gpu_power_watts{%s})"),
@@ -87,9 +89,9 @@ def test_per_run_figures_cover_all_24_gpus(cluster):
 
     def recorded_equals_direct() -> bool:
         for recorded, direct in pairs:
-            at, got = prom_query(prom, f"project_experiment:{recorded}{{{SELECTOR}}}")[0]["value"]
+            at, got = prom_query(prom, f"project_experiment:{recorded}{{{SELECTOR}}}[10s]")[0]["values"][-1]
             expected = prom_query_at(prom, direct % nodes, at)
-            if float(got) != pytest.approx(expected, rel=1e-9):
+            if float(got) != pytest.approx(expected, rel=0.02):
                 return False
         return True
 
