@@ -62,7 +62,6 @@ def family_text(metric: Metric) -> bytes:
 
 _PLAIN_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _PLAIN_LABEL = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_plain_labels: set[str] = set()  # label names seen to need no escaping (bounded below)
 # What was written for a label set and for a value, in earlier scrapes: most repeat from scrape to
 # scrape (a GPU's labels, a counter that did not move). Cleared when full.
 _label_texts: dict[tuple[tuple[str, str], ...], str] = {}
@@ -110,12 +109,8 @@ def _plain_text(metric: Metric) -> bytes | None:
         key = tuple(labels.items())
         text = _label_texts.get(key)
         if text is None:
-            for label in labels:
-                if label not in _plain_labels:
-                    if not _PLAIN_LABEL.match(label):
-                        return None
-                    if len(_plain_labels) < 10_000:
-                        _plain_labels.add(label)
+            if not all(_PLAIN_LABEL.match(label) for label in labels):
+                return None
             text = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(labels.items()))
             if len(_label_texts) >= _CACHED:
                 _label_texts.clear()

@@ -36,7 +36,6 @@ run stays unfinished and its ``verl_job_running`` turns 0: the alerts read it as
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import threading
 import time
@@ -49,7 +48,7 @@ from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.open_files import OpenFiles
 from ..store import RunStore
-from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, show_job
+from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, named_uids, show_job
 from .slurm_procs import LocalJob, job_owner, scan_proc
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,6 @@ MAX_WAIT = 32
 # Each job's files are read on a thread of its own: one that hangs (a user's FUSE mount, a dead NFS
 # server) stops only that job's reading, and is waited for at most this long when the job ends.
 READ_STOP_TIMEOUT = 5.0
-_USER_IDS = re.compile(r"(?:^|\s)UserId=[^\s(]*\((\d+)\)")
 
 
 # -- following the jobs --------------------------------------------------------------------------
@@ -271,7 +269,7 @@ class SlurmWatcher:
             return None  # asked again at a later look
         # A job name holding " UserId=root(0)", or a newline before Slurm's own UserId, must not
         # make the job root's while only root's processes (slurmstepd, the prolog) are seen.
-        believed = {int(uid) for uid in _USER_IDS.findall(text)} == ({job.uid} if job.uid is not None else set())
+        believed = named_uids(text) == ({job.uid} if job.uid is not None else set())
         owner = job_owner(job.uid, local.uids) if believed else None
         if owner is None:
             if believed and local.uids <= {0}:  # slurmstepd or the prolog before the job's tasks: usual

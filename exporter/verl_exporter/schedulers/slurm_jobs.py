@@ -93,6 +93,15 @@ def _uid(user_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_USER_IDS = re.compile(r"(?:^|\s)UserId=[^\s(]*\((\d+)\)")
+
+
+def named_uids(text: str) -> set[int]:
+    """Every uid that a ``UserId=name(uid)`` of scontrol's answer names: Slurm's own, and any a job
+    name holds (scontrol does not escape it)."""
+    return {int(uid) for uid in _USER_IDS.findall(text)}
+
+
 _PATTERN = re.compile(r"%(\d*)([%AaJjNnstux])")
 
 

@@ -30,25 +30,24 @@ class LocalJob:
 
     pids: set[int] = field(default_factory=set)
     uids: set[int] = field(default_factory=set)  # of its processes (slurmstepd's root among them)
-    environments: list[tuple[int | None, dict[str, str]]] = field(default_factory=list)  # of those naming the job
+    # pid -> (uid, environment) of the processes whose environment names the job
+    environments: dict[int, tuple[int | None, dict[str, str]]] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()
     node: str = ""
-    claimed: dict[int, int | None] = field(default_factory=dict)  # pid -> uid of those its environment names
 
     def add(self, pid: int, uid: int | None, env: dict[str, str]) -> None:
         self.pids.add(pid)
         if uid is not None:
             self.uids.add(uid)
         if env:
-            self.environments.append((uid, env))
-            self.claimed[pid] = uid
+            self.environments[pid] = (uid, env)
 
     def of_user(self, uid: int) -> "LocalJob":
         """The job as the processes of ``uid`` describe it: another user's process that names the
         job in its environment is none of its processes (its memory, CPU and GPUs are not the job's)."""
-        pids = {pid for pid in self.pids if self.claimed.get(pid, uid) == uid}
-        job = LocalJob(pids, self.uids, self.environments, claimed=self.claimed)
-        for owner, env in self.environments:
+        pids = {pid for pid in self.pids if self.environments.get(pid, (uid,))[0] == uid}
+        job = LocalJob(pids, self.uids, self.environments)
+        for owner, env in self.environments.values():
             if owner != uid:
                 continue
             job.node = job.node or env.get("SLURMD_NODENAME", "")
