@@ -97,3 +97,34 @@ def test_a_config_print_with_more_items_than_any_real_one_is_refused_before_pars
     Source(str(log), store).poll()
     assert time.monotonic() - started < 3.0
     assert store.snapshot().parse_errors == {str(log): 7}
+
+
+def test_a_config_read_that_ends_while_settling_is_never_missed(tmp_path):
+    """The reader's result may land between the source's checks of its outbox and of the reader:
+    settle still ingests it (the reader is asked first, then the outbox)."""
+    from collections import deque
+
+    from verl_exporter.sources.config_files import ConfigReader, read_config_file
+
+    class FinishesWhenAsked(ConfigReader):
+        """Holds each read until ``pending`` is asked, then hands it over and says it is done."""
+
+        def __init__(self):
+            super().__init__(read_config_file)
+            self.held: list[tuple[deque, str]] = []
+
+        def submit(self, outbox, path):
+            self.held.append((outbox, path))
+
+        def pending(self, outbox):
+            for box, path in self.held:
+                box.append((path, self.read(path)))
+            self.held.clear()
+            return False
+
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    store = RunStore(default_catalog())
+    source = Source(str(config), store, config_reader=FinishesWhenAsked())
+    source.settle(timeout=5)
+    assert store.run(RunKey("p", "e")).total_steps == 10

@@ -146,8 +146,10 @@ class Source:
     def caught_up(self) -> bool:
         """True once a poll has read every line its files held (the backlog at start is ingested)
         and its config files waiting to be parsed are parsed."""
-        return self.follower.caught_up and not self._configs_read and not self.config_reader.pending(
-            self._configs_read)
+        # The reader is asked first: it hands a result over before it stops being busy, so a result
+        # that lands between the two checks is still seen in the outbox.
+        return (self.follower.caught_up and not self.config_reader.pending(self._configs_read)
+                and not self._configs_read)
 
     def settle(self, timeout: float = 30.0) -> int:
         """Poll until the backlog is read and the config files are parsed (or ``timeout``); the
