@@ -310,7 +310,9 @@ class Exporter:
                 from .nvml import NvmlBackend
 
                 self.gpu_backend = NvmlBackend(pcie_throughput=options.gpu_pcie_throughput)
-            collectors["gpu"] = GpuCollector(self.gpu_backend, job=job, timeout_seconds=options.gpu_timeout)
+            collectors["gpu"] = gpu = GpuCollector(self.gpu_backend, job=job, timeout_seconds=options.gpu_timeout)
+            if self.slurm is not None:
+                self.slurm.gpus_in_use = gpu.gpus_used_by
         from .collectors.node import NodeCollector
 
         collectors["node"] = NodeCollector(self.store if options.collector_training else None,

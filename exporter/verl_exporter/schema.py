@@ -171,8 +171,8 @@ JOB = _by_key(
 JOB_INFO = _by_key(
     ("info", _gauge("verl_job_info", "The scheduler's job that writes the run (Slurm or Kubernetes); always 1.",
                     (*RUN, "scheduler", "job_id", "job_name", "user", "partition", "namespace", "pod"))),
-    ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the scheduler gave the run's job (gpu: its index); "
-                   "always 1.", (*RUN, "gpu"))),
+    ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the run's job holds (gpu: NVML's index, from the GPUs its "
+                   "processes use, else the scheduler's list); always 1.", (*RUN, "gpu"))),
 )
 
 # One run's own families, in the order they are served; the run's logged metrics follow, by name.

@@ -432,3 +432,45 @@ def test_a_job_whose_files_hang_stops_only_its_own_reading(node, monkeypatch, ca
         released.set()
         for followed in watcher.jobs.values():
             followed.reader.stop()
+
+
+def test_a_jobs_gpus_are_those_nvml_sees_its_processes_on(node):
+    """Slurm numbers GPUs in gres.conf's order, NVML in PCI bus order: once the job's processes run
+    on GPUs, verl_job_gpu_info names NVML's indices of those GPUs (the ones the GPU series carry);
+    until then, and without NVML, SLURM_JOB_GPUS."""
+    from verl_exporter.collectors.gpu import GpuCollector
+    from verl_exporter.fake_nvml import FakeNvmlBackend
+
+    cluster, _, watcher = node
+    write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
+    cluster.start("42", pids=(1000, 1001))
+    fake_process(cluster.proc, 2000, {"SLURM_JOB_ID": "99"})  # another job's process, on GPU 0
+    processes: dict[int, list[tuple[int, int]]] = {}
+    gpu = GpuCollector(FakeNvmlBackend(gpus=4, processes=processes))
+    watcher.gpus_in_use = gpu.gpus_used_by
+    poll(watcher)
+
+    def job_gpus():
+        return [s.labels["gpu"] for s in families(watcher)["verl_job_gpu_info"]]
+
+    assert job_gpus() == ["0", "1"]  # nothing read from NVML yet: Slurm's list
+    list(gpu.collect())
+    assert job_gpus() == ["0", "1"]  # read, but no process of the job on a GPU yet
+    processes.update({0: [(2000, 1 << 30)], 2: [(1001, 1 << 30)], 3: [(1000, 1 << 30), (2000, 1)]})
+    list(gpu.collect())
+    assert job_gpus() == ["2", "3"]
+    cluster.end("42", pids=(1000, 1001))
+    watcher.refresh()
+    assert job_gpus() == ["0", "1"]  # an ended job holds no GPU NVML could show
+
+
+def test_slurm_wires_the_gpu_collector_into_the_watcher():
+    from verl_exporter.cli import Exporter
+    from verl_exporter.options import load_options
+
+    app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
+    collectors = app._collectors()
+    assert app.slurm.gpus_in_use == collectors["gpu"].gpus_used_by
+    no_gpu = Exporter(load_options(["--slurm", "--no-collector.gpu", "--no-forensics"]))
+    no_gpu._collectors()
+    assert no_gpu.slurm.gpus_in_use is None

@@ -99,6 +99,13 @@ class GpuCollector:
         self.last_error: str | None = None
         self._stuck: _Attempt | None = None
         self._reader = _Reader(self._read)
+        self._pids_on: dict[int, frozenset[int]] = {}  # GPU index: the pids NVML saw on it, last read
+
+    def gpus_used_by(self, pids: Iterable[int]) -> tuple[str, ...]:
+        """The indices (NVML's) of the GPUs on which any of ``pids`` ran at the last read; () when
+        none did or nothing was read."""
+        wanted = set(pids)
+        return tuple(str(index) for index, seen in sorted(self._pids_on.items()) if seen & wanted)
 
     def describe(self) -> Iterable[Metric]:
         return self._families().values()
@@ -112,6 +119,7 @@ class GpuCollector:
             return []
         if snapshot is None:
             return []
+        self._pids_on = {index: frozenset(pid for pid, _ in procs) for index, procs in snapshot.processes.items()}
         return [family for family in self._build(snapshot).values() if family.samples]
 
     def _read_with_deadline(self) -> GpuSnapshot | None:

@@ -154,6 +154,9 @@ class SlurmWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        # NVML's indices of the GPUs a job's processes use (the GPU collector's ``gpus_used_by``):
+        # Slurm numbers GPUs in gres.conf's order, which need not be NVML's (PCI bus) order.
+        self.gpus_in_use: Callable[[set[int]], tuple[str, ...]] | None = None
 
     # -- what the collectors read
 
@@ -174,7 +177,8 @@ class SlurmWatcher:
                 for source in item.sources:
                     item.runs |= source.runs()
             job = item.job
-            gpus = item.local.gpus or job.gres_gpus
+            in_use = self.gpus_in_use(item.local.pids) if self.gpus_in_use and not item.ended else ()
+            gpus = in_use or item.local.gpus or job.gres_gpus
             for run in sorted(item.runs):
                 rows.append(JobRun(run.project, run.experiment, "slurm", job.job_id, job.job_name, job.user,
                                    job.partition, gpus=gpus, running=not item.ended))
