@@ -20,12 +20,13 @@ class AlertingStack:
     """Exporter (``exporter_args``) -> Prometheus (rules scaled by ``time_scale``) -> Alertmanager
     -> ``receiver``. ``close`` stops everything it started."""
 
-    def __init__(self, tmp_path: Path, exporter_args: list[str], *, time_scale: float):
+    def __init__(self, tmp_path: Path, exporter_args: list[str], *, time_scale: float,
+                 exporter_env: dict | None = None):
         self.receiver = Receiver().__enter__()
         am_config = tmp_path / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
         self.alertmanager = start_alertmanager(tmp_path, am_config)
-        self.exporter = start_exporter(tmp_path, *exporter_args)
+        self.exporter = start_exporter(tmp_path, *exporter_args, env=exporter_env)
         # Every runbook_url at this exporter's /runbook, as the shipped rules point at localhost:9945.
         self.runbook_url = f"{self.exporter.url}/runbook"
         rules = local.write_rules(tmp_path / "rules", time_scale=time_scale, min_range=3, runbook_url=self.runbook_url)

@@ -113,13 +113,13 @@ class Server:
 
 
 def start_exporter(tmp_path: Path, *args: str, ready_path: str = "/-/ready", context=None,
-                   headers: dict | None = None) -> Server:
+                   headers: dict | None = None, env: dict | None = None) -> Server:
     """``python -m verl_exporter`` on a free port with the given extra flags (``context`` and
-    ``headers``: how to reach one with a web config, TLS and basic auth)."""
+    ``headers``: how to reach one with a web config, TLS and basic auth; ``env``: its environment)."""
     port = free_port()
     cmd = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}", *args]
     return Server("verl-exporter", cmd, port, tmp_path / f"exporter-{port}.log", ready_path,
-                  context=context, headers=headers)
+                  context=context, headers=headers, env=env)
 
 
 def start_prometheus(tmp_path: Path, config: dict | str, *, rule_files: list[Path] = (),

@@ -173,6 +173,9 @@ JOB_INFO = _by_key(
                     (*RUN, "scheduler", "job_id", "job_name", "user", "partition", "namespace", "pod"))),
     ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the run's job holds (gpu: NVML's index, from the GPUs its "
                    "processes use, else the scheduler's list); always 1.", (*RUN, "gpu"))),
+    ("ended", _gauge("verl_job_ended_timestamp_seconds", "When the run's job ended, and how the scheduler "
+                     "ended it (state, exit_code, reason as Slurm reports them).",
+                     (*RUN, "scheduler", "job_id", "state", "exit_code", "reason"))),
 )
 
 # One run's own families, in the order they are served; the run's logged metrics follow, by name.

@@ -124,6 +124,11 @@ def test_every_node_of_a_ray_job_attributes_its_gpus_to_the_run(cluster, tmp_pat
             assert matching(metrics(server), "verl_node_run_info", **RUN) == [], node  # the node is free again
         text = metrics(head)
         assert sample_value(text, "verl_training_finished", **RUN) == 0.0  # cancelled before its last step
+        # the batch host says how Slurm ended the job (the crash page quotes it); a worker does not
+        assert len(matching(text, "verl_job_ended_timestamp_seconds", job_id=job_id, state="CANCELLED", **RUN)) == 1
+        assert matching(text, "verl_job_ended_timestamp_seconds") == matching(
+            text, "verl_job_ended_timestamp_seconds", job_id=job_id)
+        assert matching(metrics(worker), "verl_job_ended_timestamp_seconds") == []
 
 
 def _value(prometheus: Server, expr: str) -> float | None:

@@ -3,11 +3,13 @@ served with their Slurm identity, and finished or crashed when they end."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 
 import pytest
 
+from alerting_stack import AlertingStack
 from exposition import matching, sample_value
 from servers import Server, free_port, wait_until
 
@@ -27,12 +29,14 @@ TRAINER = textwrap.dedent("""\
 """)
 
 
+SLURM_ARGS = ["--slurm", "--slurm.poll-interval", "250ms", "--source.poll-interval", "100ms", "--gpu.fake",
+              "healthy:2", "--no-forensics"]
+
+
 @pytest.fixture
 def exporter(slurm, tmp_path):
     port = free_port()
-    args = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}", "--slurm",
-            "--slurm.poll-interval", "250ms", "--source.poll-interval", "100ms", "--gpu.fake", "healthy:2",
-            "--no-forensics"]
+    args = [sys.executable, "-m", "verl_exporter", "--web.listen-address", f"127.0.0.1:{port}", *SLURM_ARGS]
     with Server("verl-exporter", args, port, tmp_path / "exporter.log", "/-/ready", env=slurm.env) as server:
         yield server
 
@@ -80,3 +84,27 @@ def test_a_job_that_stops_early_is_left_crashed(slurm, exporter, tmp_path):
     assert sample_value(text, "verl_training_total_steps", **run) == 10.0
     assert sample_value(text, "verl_training_finished", **run) == 0.0  # VerlTrainingJobCrashed fires on this
     assert matching(text, "verl_job_info", job_id=job_id, job_name="verl-short", **run) == [1.0]
+    [ended] = matching(text, "verl_job_ended_timestamp_seconds", scheduler="slurm", job_id=job_id, state="FAILED",
+                       exit_code="1:0", reason="NonZeroExitCode", **run)
+    assert ended > 1e9  # when it ended: a Unix time
+
+
+def test_a_crashed_jobs_page_says_how_slurm_ended_it(slurm, tmp_path):
+    """Exporter under --slurm -> Prometheus with the shipped rules -> Alertmanager -> the PagerDuty
+    stand-in: the page of a job that failed before its last step quotes Slurm's end of it."""
+    stack = AlertingStack(tmp_path, SLURM_ARGS, time_scale=1 / 30, exporter_env=slurm.env)
+    try:
+        job_id = submit(slurm, tmp_path, "verl-paged", steps=2, total=10, experiment="grpo-paged")
+        slurm.wait_state(job_id, "FAILED", timeout=30)
+
+        def page():
+            return [p for p in stack.receiver.received("/pagerduty")
+                    if "VerlTrainingJobCrashed" in json.dumps(p) and "slurm-it/grpo-paged" in json.dumps(p)]
+
+        [sent, *_] = wait_until(page, timeout=60, interval=0.5,
+                                message=f"the page of job {job_id}\n{stack.exporter.log()}")
+        text = json.dumps(sent)
+        assert "the run stopped at step 2 of 10: it crashed or was stopped." in text
+        assert f"Slurm ended job {job_id} as FAILED (NonZeroExitCode), exit code 1:0." in text
+    finally:
+        stack.close()

@@ -126,13 +126,13 @@ class Cluster:
         for pid in pids:
             fake_process(self.proc, pid, env)
 
-    def end(self, job_id: str, pids=(1000,), state="COMPLETED", exit_code="0:0") -> None:
+    def end(self, job_id: str, pids=(1000,), state="COMPLETED", exit_code="0:0", reason="None") -> None:
         for pid in pids:
             for name in ("environ", "cgroup"):
                 (self.proc / str(pid) / name).unlink()
             (self.proc / str(pid)).rmdir()
         self.answers[job_id] = self.answers[job_id].replace("JobState=RUNNING", f"JobState={state}").replace(
-            "ExitCode=0:0", f"ExitCode={exit_code}")
+            "ExitCode=0:0", f"ExitCode={exit_code}").replace("Reason=None", f"Reason={reason}")
 
 
 @pytest.fixture
@@ -188,6 +188,8 @@ def test_a_job_that_reaches_its_last_step_finishes(node):
     assert store.run(run).finished and store.run(run).last_step == 3
     assert watcher.jobs == {} and watcher.sources() == [] and watcher.pids() == set()
     assert [s.value for s in families(watcher)["verl_job_running"]] == [0.0]
+    assert [(s.labels["state"], s.labels["exit_code"], s.labels["reason"])
+            for s in families(watcher)["verl_job_ended_timestamp_seconds"]] == [("COMPLETED", "0:0", "")]
     assert cluster.asked == ["42", "42"]  # once when found, once when it ended
     poll(watcher)
     assert cluster.asked == ["42", "42"]
@@ -198,12 +200,19 @@ def test_a_job_that_stops_early_is_counted_as_crashed(node):
     write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
     cluster.start("42")
     poll(watcher)
-    cluster.end("42", state="FAILED", exit_code="1:0")
+    assert families(watcher)["verl_job_ended_timestamp_seconds"] == []  # while it runs
+    cluster.end("42", state="TIMEOUT", exit_code="0:15", reason="TimeLimit")
+    before = time.time()
     watcher.refresh()
     state = store.run(RunKey("gsm8k", "grpo-7b"))
     assert not state.finished and state.last_step == 2 and state.total_steps == 5
     got = families(watcher)
     assert [s.value for s in got["verl_job_running"]] == [0.0] and len(got["verl_job_info"]) == 1
+    # how Slurm ended it, for the crash page
+    [ended] = got["verl_job_ended_timestamp_seconds"]
+    assert ended.labels == {"project": "gsm8k", "experiment": "grpo-7b", "scheduler": "slurm", "job_id": "42",
+                            "state": "TIMEOUT", "exit_code": "0:15", "reason": "TimeLimit"}
+    assert before <= ended.value <= time.time()
 
 
 def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(node):
@@ -227,6 +236,7 @@ def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(
     assert cluster.asked == ["42"]  # the batch host decides the run: no question about its end here
     assert watcher.node_runs() == set() and store.snapshot().runs == []
     assert [s.value for s in families(watcher)["verl_job_running"]] == [0.0]
+    assert families(watcher)["verl_job_ended_timestamp_seconds"] == []  # the batch host says how it ended
 
 
 def test_a_worker_that_cannot_read_the_output_makes_up_no_run(node, caplog):
@@ -474,3 +484,13 @@ def test_slurm_wires_the_gpu_collector_into_the_watcher():
     no_gpu = Exporter(load_options(["--slurm", "--no-collector.gpu", "--no-forensics"]))
     no_gpu._collectors()
     assert no_gpu.slurm.gpus_in_use is None
+
+
+def test_how_a_job_ended_is_served_within_bounds():
+    from verl_exporter.collectors.job_info import MAX_END_LABEL, JobEnd
+
+    labels = JobEnd("CANCELLED" * 50, "0:15", "x" * 1000, 1.0).labels()
+    assert [len(value) for value in labels] == [MAX_END_LABEL, 4, MAX_END_LABEL]
+    job = SlurmJob.parse(scontrol_line(state="TIMEOUT").replace("Reason=None", "Reason=TimeLimit"))
+    assert (job.state, job.reason) == ("TIMEOUT", "TimeLimit")
+    assert SlurmJob.parse(scontrol_line()).reason == ""  # Slurm's "None"

@@ -60,6 +60,16 @@ NODE_RUNS_QUOTED = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.in
 JOB_GONE = ("unless on(job, instance, project, experiment) verl_job_running == 1 "
             "unless on(job, instance) verl_job_running{project=\"\"} == 1 "
             "and on(job, instance) verl_job_running")
+# How the scheduler ended the run's job (--slurm: Slurm's final state, reason and exit code), the
+# latest of its jobs where a resumed run had several.
+JOB_END = ("{{ with printf `topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})` $labels.project"
+           " $labels.experiment | query }}{{ with . | first }} Slurm ended job {{ .Labels.job_id }}"
+           " as {{ .Labels.state }}{{ with .Labels.reason }} ({{ . }}){{ end }}, exit code"
+           " {{ .Labels.exit_code }}.{{ end }}{{ end }}")
+JOB_END_MEANING = (" Under `--slurm` the page quotes how Slurm ended the job: `TIMEOUT` (its time limit: "
+                   "resubmit with a longer `--time`, resuming from the last checkpoint), `OUT_OF_MEMORY` (the "
+                   "job's host memory limit: ask for more `--mem`), `NODE_FAIL` (a node of the job died), "
+                   "`PREEMPTED`, `CANCELLED` (`scancel`), `FAILED` (a non-zero exit code: the log's exception).")
 JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for the OOM killer; restart from "
            "the last checkpoint (`trainer.resume_mode=auto`).")
 
@@ -218,11 +228,11 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         summary="The training job exited before its last step.",
         description="Run ${RUN}: the training job has no live process, and the run stopped at step {{ $value }} of "
         "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project "
-        "$labels.experiment | query }}{{ . | first | value }}{{ end }}: it crashed or was stopped.",
+        "$labels.experiment | query }}{{ . | first | value }}{{ end }}: it crashed or was stopped." + JOB_END,
         meaning="The exporter watches the job's processes (`--job.pid`/`--job.match`); none is left, and the run "
         "had not reached its last step (verl's `Total training steps`). The job crashed (OOM killer, "
         "exception, node failure) or was stopped by hand. A job that exits at its last step is finished "
-        "and raises nothing.",
+        "and raises nothing." + JOB_END_MEANING,
         fix=JOB_FIX,
         guide="8.1",
         evidence=True,
@@ -234,7 +244,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         summary="The training job's processes are gone and its run's length is unknown.",
         description="Run ${RUN}: the training job watched by {{ $labels.instance }} has no live process, "
         "the run did not "
-        "report the end of training and its total of steps is unknown: it crashed, was stopped, or ended.",
+        "report the end of training and its total of steps is unknown: it crashed, was stopped, or ended." + JOB_END,
         meaning="As VerlTrainingJobCrashed, for a run whose length the exporter does not know (a JSONL-only run "
         "without `--run.config` or a config with `trainer.total_training_steps`): whether it ended "
         "cannot be told, so this is a warning, not a page.",

@@ -14,7 +14,13 @@ job; a label the scheduler lacks is empty::
 and, where the watcher follows the job's processes itself (``--slurm``), one ``verl_job_running``
 per run (the family of ``schema.JOB``, with the run's labels): 1 while the job has a live process on
 this node, 0 once it ended; a run it left unfinished then reads as crashed
-(``VerlTrainingJobCrashed``).
+(``VerlTrainingJobCrashed``). Once a job ended, the node that decided its runs (the batch host) says
+how Slurm ended it, which the crash alerts quote::
+
+    # HELP verl_job_ended_timestamp_seconds When the run's job ended, and how the scheduler ended it ...
+    # TYPE verl_job_ended_timestamp_seconds gauge
+    verl_job_ended_timestamp_seconds{experiment="grpo-7b",exit_code="0:0",job_id="4242",project="gsm8k",
+                                     reason="TimeLimit",scheduler="slurm",state="TIMEOUT"} 1.7e9
 """
 
 from __future__ import annotations
@@ -25,6 +31,21 @@ from typing import Callable, Iterable
 from prometheus_client.core import Metric
 
 from .. import schema
+
+MAX_END_LABEL = 64  # characters of a state, exit code or reason: words of Slurm's, never longer
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How the scheduler ended a job (its final state, exit code, reason) and when it was seen ended."""
+
+    state: str
+    exit_code: str
+    reason: str
+    at: float
+
+    def labels(self) -> list[str]:
+        return [value[:MAX_END_LABEL] for value in (self.state, self.exit_code, self.reason)]
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,7 @@ class JobRun:
     pod: str = ""
     gpus: tuple[str, ...] = ()
     running: bool | None = None  # None: the watcher does not follow the job's processes
+    end: JobEnd | None = None  # once the job ended, where the scheduler said how
 
     def info_labels(self) -> list[str]:
         return [self.project, self.experiment, self.scheduler, self.job_id, self.job_name, self.user,
@@ -69,6 +91,8 @@ class JobInfoCollector:
             gpus.setdefault(run, set()).update(row.gpus)
             if row.running is not None:  # a run two jobs wrote (a resumed job) runs while one of them does
                 running[run] = running.get(run, False) or row.running
+            if row.end is not None and "ended" in families:
+                families["ended"].add_metric([*run, row.scheduler, row.job_id, *row.end.labels()], row.end.at)
         for run, indices in gpus.items():
             for gpu in sorted(indices, key=lambda gpu: (len(gpu), gpu)):
                 families["gpu"].add_metric([*run, gpu], 1.0)
@@ -78,7 +102,9 @@ class JobInfoCollector:
         return list(families.values())
 
     def _families(self) -> dict[str, schema.Built]:
-        families = {key: family.new() for key, family in schema.JOB_INFO.items()}
+        # A watcher that follows the jobs' processes (--slurm) sees them run and end.
+        families = {key: family.new() for key, family in schema.JOB_INFO.items()
+                    if key != "ended" or self.serves_running}
         if self.serves_running:
             families["running"] = schema.JOB["running"].new(schema.RUN)
         return families

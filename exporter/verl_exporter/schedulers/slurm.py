@@ -43,7 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..collectors.job_info import JobRun
+from ..collectors.job_info import JobEnd, JobRun
 from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.open_files import OpenFiles
@@ -125,6 +125,8 @@ class _Followed:
     reader: Ingestor | None = None  # the thread that reads its files
     ended: bool = False
     end_checks: int = 0
+    final: SlurmJob | None = None  # Slurm's word on the ended job (its batch host only)
+    ended_at: float | None = None
 
 
 class SlurmWatcher:
@@ -179,9 +181,12 @@ class SlurmWatcher:
             job = item.job
             in_use = self.gpus_in_use(item.local.pids) if self.gpus_in_use and not item.ended else ()
             gpus = in_use or item.local.gpus or job.gres_gpus
+            final = item.final
+            end = None if final is None or item.ended_at is None else JobEnd(
+                final.state, final.exit_code, final.reason, item.ended_at)
             for run in sorted(item.runs):
                 rows.append(JobRun(run.project, run.experiment, "slurm", job.job_id, job.job_name, job.user,
-                                   job.partition, gpus=gpus, running=not item.ended))
+                                   job.partition, gpus=gpus, running=not item.ended, end=end))
         return rows
 
     # -- the watcher thread
@@ -366,7 +371,7 @@ class SlurmWatcher:
         for source in followed.sources:
             source.close()
         with self._lock:
-            followed.ended = True
+            followed.ended, followed.final, followed.ended_at = True, final, self.clock()
             del self.jobs[followed.job.job_id]
             self.ended[followed.job.job_id] = followed
             while len(self.ended) > MAX_ENDED:

@@ -53,6 +53,7 @@ class SlurmJob:
     array_task_id: str = ""
     state: str = ""
     exit_code: str = ""
+    reason: str = ""  # why the job waits or ended (TimeLimit, NonZeroExitCode, NodeDown); "" for None
     gres_gpus: tuple[str, ...] = ()
 
     @classmethod
@@ -70,6 +71,7 @@ class SlurmJob:
             work_dir=fields.get("WorkDir", ""), std_out=fields.get("StdOut", ""), std_err=fields.get("StdErr", ""),
             array_job_id=fields.get("ArrayJobId", ""), array_task_id=fields.get("ArrayTaskId", ""),
             state=fields.get("JobState", ""), exit_code=fields.get("ExitCode", ""),
+            reason="" if fields.get("Reason", "None") == "None" else fields.get("Reason", ""),
             gres_gpus=gpu_list(gres.group(1)) if gres else (),
         )
 
