@@ -26,8 +26,8 @@ from .store import RunStore
 
 if TYPE_CHECKING:
     from .fake_nvml import FakeNvmlBackend
+    from .gpu_backends import SelectedGpuBackend
     from .job import JobSelector
-    from .nvml import NvmlBackend
     from .schedulers.slurm import SlurmWatcher
 
 log = logging.getLogger("verl_exporter")
@@ -247,7 +247,7 @@ class Exporter:
         self.simulated = patterns[len(options.source):]
         self.sources = {self.source_key(pattern, options): self._source(pattern, options) for pattern in patterns}
         self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
-        self.gpu_backend: NvmlBackend | FakeNvmlBackend | None = None
+        self.gpu_backend: SelectedGpuBackend | FakeNvmlBackend | None = None
         self.job: JobSelector | None = None
         self.slurm: SlurmWatcher | None = self._slurm() if options.slurm else None
         collectors = self._collectors()
@@ -307,9 +307,9 @@ class Exporter:
                 except ValueError as exc:
                     raise OptionsError(f"--gpu.fake: {exc}") from None
             else:
-                from .nvml import NvmlBackend
+                from .gpu_backends import make_backend
 
-                self.gpu_backend = NvmlBackend(pcie_throughput=options.gpu_pcie_throughput)
+                self.gpu_backend = make_backend(options.gpu_backend, pcie_throughput=options.gpu_pcie_throughput)
             collectors["gpu"] = gpu = GpuCollector(self.gpu_backend, job=job, timeout_seconds=options.gpu_timeout)
             if self.slurm is not None:
                 self.slurm.gpus_in_use = gpu.gpus_used_by

@@ -30,6 +30,7 @@ from .option_kinds import COUNT, DURATION, SWITCH, TEXT, Choice, Count, Duration
 
 DEFAULT_PORT = 9945
 SOURCE_FORMATS = ("auto", "jsonl", "console", "config")  # the formats sources.Source reads
+GPU_BACKENDS = ("auto", "nvml", "amdsmi")  # the choices gpu_backends.make_backend takes
 
 
 class OptionsError(Exception):
@@ -125,7 +126,7 @@ class Options:
         "as theirs; an exporter following more reads a shared log directory and is none of their nodes (then "
         "only the run of --project/--experiment counts)")
     collector_training: bool = _option("collector.training", SWITCH, True, "training metrics from the sources")
-    collector_gpu: bool = _option("collector.gpu", SWITCH, True, "GPU metrics through NVML")
+    collector_gpu: bool = _option("collector.gpu", SWITCH, True, "GPU metrics through NVML or amdsmi")
     collector_host: bool = _option("collector.host", SWITCH, True, "host and job metrics through psutil")
     job_pid: int | None = _option(
         "job.pid", Count(), None, "PID of the training job; its child processes count too")
@@ -138,6 +139,9 @@ class Options:
     slurm_poll_interval: float = _option(
         "slurm.poll-interval", Duration(positive=True), 10.0, "time between looks for Slurm jobs starting and "
         "ending on this node (with --slurm)", reloadable=True)
+    gpu_backend: str = _option(
+        "gpu.backend", Choice(*GPU_BACKENDS), "auto", "GPU library: nvml (NVIDIA), amdsmi (AMD ROCm), or auto (NVML "
+        "when it initialises, else amdsmi)")
     gpu_timeout: float = _option("gpu.timeout", Duration(positive=True), 2.0, "time one scrape may spend in NVML")
     gpu_pcie_throughput: bool = _option(
         "gpu.pcie-throughput", SWITCH, False, "also sample PCIe throughput (NVML takes ~20 ms per GPU and "
