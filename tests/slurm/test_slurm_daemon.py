@@ -89,22 +89,30 @@ def test_a_job_that_stops_early_is_left_crashed(slurm, exporter, tmp_path):
     assert ended > 1e9  # when it ended: a Unix time
 
 
-def test_a_crashed_jobs_page_says_how_slurm_ended_it(slurm, tmp_path):
-    """Exporter under --slurm -> Prometheus with the shipped rules -> Alertmanager -> the PagerDuty
-    stand-in: the page of a job that failed before its last step quotes Slurm's end of it."""
+def test_a_crashed_jobs_page_says_how_slurm_ended_it_and_a_cancel_is_told_not_paged(slurm, tmp_path):
+    """Exporter under --slurm -> Prometheus with the shipped rules -> Alertmanager -> the PagerDuty and
+    Slack stand-ins: the page of a job that failed before its last step quotes Slurm's end of it; a
+    job cancelled with scancel is posted to Slack as a warning and pages nobody."""
     stack = AlertingStack(tmp_path, SLURM_ARGS, time_scale=1 / 30, exporter_env=slurm.env)
     try:
-        job_id = submit(slurm, tmp_path, "verl-paged", steps=2, total=10, experiment="grpo-paged")
-        slurm.wait_state(job_id, "FAILED", timeout=30)
+        failed = submit(slurm, tmp_path, "verl-paged", steps=2, total=10, experiment="grpo-paged")
+        cancelled = submit(slurm, tmp_path, "verl-cancelled", steps=120, total=200, experiment="grpo-cancelled")
+        wait_until(lambda: stack.query('verl_training_last_step{experiment="grpo-cancelled"} >= 2'), timeout=40,
+                   interval=0.5, message=f"job {cancelled} stepping\n{stack.exporter.log()}")
+        slurm.run("scancel", cancelled)
+        slurm.wait_state(failed, "FAILED", timeout=30)
 
-        def page():
-            return [p for p in stack.receiver.received("/pagerduty")
-                    if "VerlTrainingJobCrashed" in json.dumps(p) and "slurm-it/grpo-paged" in json.dumps(p)]
+        def sent(path, alert, run):
+            return [p for p in stack.receiver.received(path) if alert in json.dumps(p) and run in json.dumps(p)]
 
-        [sent, *_] = wait_until(page, timeout=60, interval=0.5,
-                                message=f"the page of job {job_id}\n{stack.exporter.log()}")
-        text = json.dumps(sent)
+        [page, *_] = wait_until(lambda: sent("/pagerduty", "VerlTrainingJobCrashed", "slurm-it/grpo-paged"),
+                                timeout=60, interval=0.5, message=f"the page of job {failed}\n{stack.exporter.log()}")
+        text = json.dumps(page)
         assert "the run stopped at step 2 of 10: it crashed or was stopped." in text
-        assert f"Slurm ended job {job_id} as FAILED (NonZeroExitCode), exit code 1:0." in text
+        assert f"Slurm ended job {failed} as FAILED (NonZeroExitCode), exit code 1:0." in text
+        [post, *_] = wait_until(lambda: sent("/slack", "VerlTrainingJobCancelled", "slurm-it/grpo-cancelled"),
+                                timeout=60, interval=0.5, message=f"the Slack post of job {cancelled}")
+        assert f"Slurm job {cancelled} was cancelled at step" in json.dumps(post)
+        assert [p for p in stack.receiver.received("/pagerduty") if "grpo-cancelled" in json.dumps(p)] == []
     finally:
         stack.close()

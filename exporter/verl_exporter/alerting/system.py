@@ -66,6 +66,10 @@ JOB_END = ("{{ with printf `topk(1, verl_job_ended_timestamp_seconds{project=%q,
            " $labels.experiment | query }}{{ with . | first }} Slurm ended job {{ .Labels.job_id }}"
            " as {{ .Labels.state }}{{ with .Labels.reason }} ({{ . }}){{ end }}, exit code"
            " {{ .Labels.exit_code }}.{{ end }}{{ end }}")
+# The run's latest job was cancelled (Slurm's CANCELLED: `scancel`, by its user or an admin): a stop
+# someone chose, told to the team rather than paged.
+CANCELLED_LAST = ("(verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment) group_left()"
+                  " max by (project, experiment) (verl_job_ended_timestamp_seconds))")
 JOB_END_MEANING = (" Under `--slurm` the page quotes how Slurm ended the job: `TIMEOUT` (its time limit: "
                    "resubmit with a longer `--time`, resuming from the last checkpoint), `OUT_OF_MEMORY` (the "
                    "job's host memory limit: ask for more `--mem`), `NODE_FAIL` (a node of the job died), "
@@ -223,7 +227,8 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingJobCrashed", severity="critical",
-        expr="((verl_training_last_step < ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}",
+        expr="((verl_training_last_step < ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}"
+        " unless on(project, experiment) ${CANCELLED_LAST}",
         for_="2m",
         summary="The training job exited before its last step.",
         description="Run ${RUN}: the training job has no live process, and the run stopped at step {{ $value }} of "
@@ -232,14 +237,16 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         meaning="The exporter watches the job's processes (`--job.pid`/`--job.match`); none is left, and the run "
         "had not reached its last step (verl's `Total training steps`). The job crashed (OOM killer, "
         "exception, node failure) or was stopped by hand. A job that exits at its last step is finished "
-        "and raises nothing." + JOB_END_MEANING,
+        "and raises nothing. A job Slurm ended as `CANCELLED` raises VerlTrainingJobCancelled instead."
+        + JOB_END_MEANING,
         fix=JOB_FIX,
         guide="8.1",
         evidence=True,
     ),
     Alert(
         name="VerlTrainingJobExited", severity="warning",
-        expr="((verl_training_last_step unless ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}",
+        expr="((verl_training_last_step unless ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}"
+        " unless on(project, experiment) ${CANCELLED_LAST}",
         for_="2m",
         summary="The training job's processes are gone and its run's length is unknown.",
         description="Run ${RUN}: the training job watched by {{ $labels.instance }} has no live process, "
@@ -249,6 +256,24 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         "without `--run.config` or a config with `trainer.total_training_steps`): whether it ended "
         "cannot be told, so this is a warning, not a page.",
         fix=JOB_FIX + " Give the exporter the run's config (`--run.config`) to tell an end from a crash.",
+        guide="8.1",
+    ),
+    Alert(
+        name="VerlTrainingJobCancelled", severity="warning",
+        expr="(verl_training_last_step ${UNFINISHED}) ${JOB_GONE} and on(project, experiment) ${CANCELLED_LAST}",
+        for_="2m",
+        summary="The run's Slurm job was cancelled before the run finished.",
+        description="Run ${RUN}: {{ with printf `topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})`"
+        " $labels.project $labels.experiment | query }}{{ with . | first }}Slurm job {{ .Labels.job_id }}{{ end }}"
+        "{{ else }}its Slurm job{{ end }} was cancelled at step {{ $value }}"
+        "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project $labels.experiment"
+        " | query }} of {{ . | first | value }}{{ end }}; the run is unfinished.",
+        meaning="Under `--slurm`, the run's latest job ended as `CANCELLED` (`scancel`, by its user or by an "
+        "admin) before the run reached its last step. A cancel is chosen, not a failure, so it is told to the "
+        "team and does not page; every other early end of the job pages as VerlTrainingJobCrashed.",
+        fix="If nobody of the team cancelled it, ask who did (`sacct -j <job id> -o JobID,State%30` shows "
+        "`CANCELLED by <uid>`); to go on, resubmit with `trainer.resume_mode=auto` to resume from the last "
+        "checkpoint.",
         guide="8.1",
     ),
     Alert(
