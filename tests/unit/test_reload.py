@@ -114,7 +114,7 @@ def _another_value(option, app):
         "web.listen-address": "127.0.0.1:1", "web.telemetry-path": "/other",
         "web.config.file": str(write_web_config(app.test["web_file"].with_name("other-web.yml"), {})),
         "source": [str(app.test["runs"] / "b.jsonl")], "source.format": "jsonl", "log.level": "error",
-        "simulate.format": "jsonl", "job.match": "train.py", "job.pid": 4242,
+        "simulate.format": "jsonl", "job.match": "train.py", "job.pid": 4242, "gpu.backend": "nvml",
     }
     if option.flag in special:
         return special[option.flag]
