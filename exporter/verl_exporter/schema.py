@@ -104,10 +104,10 @@ GPU_READINGS = _by_key(
 
 GPUS = _by_key(
     # not verl_gpu_count: promtool's linter rejects a _count suffix outside histograms/summaries
-    ("gpus", _gauge("verl_gpus", "Number of GPUs NVML sees.")),
+    ("gpus", _gauge("verl_gpus", "Number of GPUs the GPU library (NVML or amdsmi) sees.")),
     ("info", _gauge("verl_gpu_info", "GPU identity; always 1.",
                     (*GPU, "name", "driver_version", "cuda_driver_version", "pci_bus_id"))),
-    ("up", _gauge("verl_gpu_up", "Whether the GPU answers NVML (1) or is lost (0).", GPU)),
+    ("up", _gauge("verl_gpu_up", "Whether the GPU answers the GPU library (1) or is lost (0).", GPU)),
     *GPU_READINGS.items(),
     ("clock_event_active", _gauge(
         "verl_gpu_clock_event_active",
@@ -171,7 +171,7 @@ JOB = _by_key(
 JOB_INFO = _by_key(
     ("info", _gauge("verl_job_info", "The scheduler's job that writes the run (Slurm or Kubernetes); always 1.",
                     (*RUN, "scheduler", "job_id", "job_name", "user", "partition", "namespace", "pod"))),
-    ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the run's job holds (gpu: NVML's index, from the GPUs its "
+    ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the run's job holds (gpu: its index, from the GPUs its "
                    "processes use, else the scheduler's list); always 1.", (*RUN, "gpu"))),
     ("ended", _gauge("verl_job_ended_timestamp_seconds", "When the run's job ended, and how the scheduler "
                      "ended it (state, exit_code, reason as Slurm reports them).",

@@ -440,11 +440,12 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
     Alert(
         name="VerlGpuLost", severity="critical",
         expr="verl_gpu_up == 0", for_="1m",
-        summary="A GPU no longer answers NVML.",
-        description="${GPU} does not answer NVML: it is lost.",
-        meaning="NVML cannot read the GPU (\"GPU is lost\", fallen off the bus); every process on it is stuck or "
-        "dead.",
-        fix="Drain the node and reboot it; check `dmesg` for XID 79; replace the GPU if it repeats.",
+        summary="A GPU no longer answers its driver.",
+        description="${GPU} does not answer the GPU library (NVML or amdsmi): it is lost.",
+        meaning="NVML (amdsmi on AMD GPUs) cannot read the GPU (\"GPU is lost\", fallen off the bus); every "
+        "process on it is stuck or dead.",
+        fix="Drain the node and reboot it; check `dmesg` for XID 79 (NVIDIA) or amdgpu errors (AMD); replace "
+        "the GPU if it repeats.",
     ),
     Alert(
         name="VerlGpuCountDropped", severity="critical",

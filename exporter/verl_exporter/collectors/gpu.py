@@ -70,13 +70,13 @@ class GpuCollector:
 
     Emits (see docs/metrics-gpu-host.md for the full table)::
 
-        # HELP verl_gpus Number of GPUs NVML sees.
+        # HELP verl_gpus Number of GPUs the GPU library (NVML or amdsmi) sees.
         # TYPE verl_gpus gauge
         # HELP verl_gpu_info GPU identity; always 1.
         # TYPE verl_gpu_info gauge
         verl_gpu_info{gpu="0",uuid="GPU-...",name="NVIDIA H100 80GB HBM3",driver_version="550.54.15",
                       cuda_driver_version="12.4",pci_bus_id="00000000:18:00.0"} 1.0
-        # HELP verl_gpu_up Whether the GPU answers NVML (1) or is lost (0).
+        # HELP verl_gpu_up Whether the GPU answers the GPU library (1) or is lost (0).
         # TYPE verl_gpu_up gauge
         # TYPE verl_gpu_memory_used_bytes gauge          (and the other schema.GPU_READINGS)
         # TYPE verl_gpu_energy_joules_total counter      (and verl_gpu_pcie_replay_errors_total)

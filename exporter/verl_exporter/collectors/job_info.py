@@ -7,7 +7,7 @@ job; a label the scheduler lacks is empty::
     # TYPE verl_job_info gauge
     verl_job_info{experiment="grpo-7b",job_id="4242",job_name="grpo",namespace="",partition="gpu",pod="",
                   project="gsm8k",scheduler="slurm",user="alice"} 1.0
-    # HELP verl_job_gpu_info A GPU of this node the run's job holds (gpu: NVML's index, ...); always 1.
+    # HELP verl_job_gpu_info A GPU of this node the run's job holds (gpu: its index, ...); always 1.
     # TYPE verl_job_gpu_info gauge
     verl_job_gpu_info{experiment="grpo-7b",gpu="0",project="gsm8k"} 1.0
 
