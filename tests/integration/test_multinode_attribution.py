@@ -55,8 +55,12 @@ def cluster(tmp_path_factory):
                     {"targets": [f"127.0.0.1:{e.port}" for e in exporters.values()]}]}],
             }
             with start_prometheus(tmp, config, rule_files=[shipped.recording_rules_file()]) as prom:
-                wait_until(lambda: prom_query(prom, f"project_experiment:verl_gpus:count{{{SELECTOR}}} == 24"),
-                           timeout=60, message="24 GPUs attributed to the run")
+                # Each target has its own scrape offset: wait for both runs' GPUs, so that every node
+                # was scraped and the rules evaluated after it.
+                wait_until(lambda: prom_query(prom, f"project_experiment:verl_gpus:count{{{SELECTOR}}} == 24")
+                           and prom_query(prom, 'project_experiment:verl_gpus:count{project="demo", '
+                                                f'experiment="other"}} == {GPUS_PER_NODE}'),
+                           timeout=60, message="24 GPUs attributed to the run, 8 to the other run")
                 yield prom, {name: f"127.0.0.1:{e.port}" for name, e in exporters.items()}
 
 
