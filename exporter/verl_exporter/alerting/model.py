@@ -33,6 +33,14 @@ SEVERITIES = ("critical", "warning", "info")
 RUN = "{{ $labels.project }}/{{ $labels.experiment }}"
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
+
+
+def run_query(expr: str, pairs: int = 1) -> str:
+    """The opening of a description's ``{{ with query }}`` on ``expr``, whose ``pairs`` of
+    ``project=%q,experiment=%q`` name the alert's run; the caller closes it with ``{{ end }}``."""
+    return "{{ with printf `" + expr + "`" + " $labels.project $labels.experiment" * pairs + " | query }}"
+
+
 # Value formats for descriptions.
 PERCENT = "{{ $value | humanizePercentage }}"
 NUMBER = '{{ $value | printf "%.4g" }}'

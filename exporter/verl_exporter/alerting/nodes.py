@@ -27,7 +27,7 @@ shared node too.
 
 from __future__ import annotations
 
-from .model import sub
+from .model import run_query, sub
 
 NODES = "run_instance:verl_node_run_info:unfinished"
 # The runs a target works for.
@@ -82,8 +82,8 @@ STRAGGLER_BUSY_RUN = "and on(project, experiment) ${RUN_MEDIAN_BUSY} > ${nodes:s
 STRAGGLER_STEPPING = "and on(project, experiment) ${RUN_STEPPING}"
 STRAGGLER = "${STRAGGLER_GAP} ${STRAGGLER_BUSY_RUN} ${STRAGGLER_STEPPING}"
 # The run's median and the straggler's node, for the description.
-RUN_MEDIAN_QUOTED = ("{{ with printf `${RUN_MEDIAN_BUSY}{project=%q,experiment=%q}` $labels.project"
-                     " $labels.experiment | query }}, under ${nodes:straggler_ratio} times the run's median GPU"
+RUN_MEDIAN_QUOTED = (run_query("${RUN_MEDIAN_BUSY}{project=%q,experiment=%q}")
+                     + ", under ${nodes:straggler_ratio} times the run's median GPU"
                      " ({{ . | first | value | humanizePercentage }}){{ end }}")
 NODE_BUSY_QUOTED = ("{{ with printf `${RUN_NODE_BUSY}{instance=%q,project=%q,experiment=%q}` $labels.instance"
                     " $labels.project $labels.experiment | query }}; the GPUs of {{ $labels.instance }} average"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from .model import PER_STEP_INTERVAL, Alert, Group, sub
+from .model import PER_STEP_INTERVAL, Alert, Group, run_query, sub
 
 RATE = "5m"
 BY_RUN = "by (project, experiment)"
@@ -57,8 +57,7 @@ def recording_rules() -> list[dict]:
 def _quoted(expr: str) -> str:
     """``expr`` for a description's ``query``, restricted to the alert's run."""
     expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q}", expr)
-    count = expr.count("%q") // 2
-    return ("{{ with printf `" + expr + "`" + " $labels.project $labels.experiment" * count + " | query }}")
+    return run_query(expr, pairs=expr.count("%q") // 2)
 
 
 KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"

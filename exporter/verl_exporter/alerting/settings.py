@@ -13,7 +13,7 @@ unknown.
 
 from __future__ import annotations
 
-from .model import PER_STEP_INTERVAL, sub
+from .model import PER_STEP_INTERVAL, run_query, sub
 
 RULE_FILE = "verl-training.rules.yml"
 ACTOR_GRAD_CLIP = "run:verl_actor_grad_clip:setting"
@@ -39,8 +39,7 @@ def setting_or_default(key: str) -> str:
 def quote(key: str, missing: str) -> str:
     """Alert template text: the run's value of ``key``, or ``missing`` for a run of unknown config."""
     selector = sub('verl_run_config{key="${key}",project=%q,experiment=%q}', key=key)
-    return ("{{ with printf `" + selector + "` $labels.project $labels.experiment | query }}"
-            '{{ . | first | value | printf "%.4g" }}{{ else }}' + missing + "{{ end }}")
+    return run_query(selector) + '{{ . | first | value | printf "%.4g" }}{{ else }}' + missing + "{{ end }}"
 
 
 def recording_groups() -> list[dict]:

@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, sub
+from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, sub
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -48,9 +48,10 @@ XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
 THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
 UNFINISHED = "unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
 # The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
-RUN_GPUS = ("{{ with printf `project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}`"
-            " $labels.project $labels.experiment | query }} Its GPUs, over all its nodes, are"
-            " {{ . | first | value | humanizePercentage }} busy.{{ end }}")
+RUN_GPUS = (run_query("project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}")
+            + " Its GPUs, over all its nodes, are {{ . | first | value | humanizePercentage }} busy.{{ end }}")
+# The run's total of steps (verl's Total training steps), where known.
+TOTAL_STEPS = run_query("verl_training_total_steps{project=%q,experiment=%q}")
 # The runs a node works for (verl_node_run_info), where its exporter names any.
 NODE_RUNS_QUOTED = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.instance | query }} (working for"
              "{{ range . }} {{ .Labels.project }}/{{ .Labels.experiment }}{{ end }}){{ end }}")
@@ -62,8 +63,8 @@ JOB_GONE = ("unless on(job, instance, project, experiment) verl_job_running == 1
             "and on(job, instance) verl_job_running")
 # How the scheduler ended the run's job (--slurm: Slurm's final state, reason and exit code), the
 # latest of its jobs where a resumed run had several.
-JOB_END = ("{{ with printf `topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})` $labels.project"
-           " $labels.experiment | query }}{{ with . | first }} Slurm ended job {{ .Labels.job_id }}"
+LATEST_JOB_END = run_query("topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})")
+JOB_END = (LATEST_JOB_END + "{{ with . | first }} Slurm ended job {{ .Labels.job_id }}"
            " as {{ .Labels.state }}{{ with .Labels.reason }} ({{ . }}){{ end }}, exit code"
            " {{ .Labels.exit_code }}.{{ end }}{{ end }}")
 # The run's latest job was cancelled (Slurm's CANCELLED: `scancel`, by its user or an admin): a stop
@@ -79,8 +80,8 @@ JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for 
 
 
 # Where the job hangs, from the exporter's evidence of the stop (py-spy's top frame), where it has one.
-HANGS_IN = ("{{ with printf `verl_evidence_top_frame_info{project=%q,experiment=%q}` $labels.project"
-            " $labels.experiment | query }} The job hangs in {{ . | first | label \"frame\" }}.{{ end }}")
+HANGS_IN = (run_query("verl_evidence_top_frame_info{project=%q,experiment=%q}")
+            + " The job hangs in {{ . | first | label \"frame\" }}.{{ end }}")
 
 
 def _new_or_increased(selector: str, window: str) -> str:
@@ -232,8 +233,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         for_="2m",
         summary="The training job exited before its last step.",
         description="Run ${RUN}: the training job has no live process, and the run stopped at step {{ $value }} of "
-        "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project "
-        "$labels.experiment | query }}{{ . | first | value }}{{ end }}: it crashed or was stopped." + JOB_END,
+        + TOTAL_STEPS + "{{ . | first | value }}{{ end }}: it crashed or was stopped." + JOB_END,
         meaning="The exporter watches the job's processes (`--job.pid`/`--job.match`); none is left, and the run "
         "had not reached its last step (verl's `Total training steps`). The job crashed (OOM killer, "
         "exception, node failure) or was stopped by hand. A job that exits at its last step is finished "
@@ -263,11 +263,9 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         expr="(verl_training_last_step ${UNFINISHED}) ${JOB_GONE} and on(project, experiment) ${CANCELLED_LAST}",
         for_="2m",
         summary="The run's Slurm job was cancelled before the run finished.",
-        description="Run ${RUN}: {{ with printf `topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})`"
-        " $labels.project $labels.experiment | query }}{{ with . | first }}Slurm job {{ .Labels.job_id }}{{ end }}"
-        "{{ else }}its Slurm job{{ end }} was cancelled at step {{ $value }}"
-        "{{ with printf `verl_training_total_steps{project=%q,experiment=%q}` $labels.project $labels.experiment"
-        " | query }} of {{ . | first | value }}{{ end }}; the run is unfinished.",
+        description="Run ${RUN}: " + LATEST_JOB_END + "{{ with . | first }}Slurm job {{ .Labels.job_id }}{{ end }}"
+        "{{ else }}its Slurm job{{ end }} was cancelled at step {{ $value }}" + TOTAL_STEPS
+        + " of {{ . | first | value }}{{ end }}; the run is unfinished.",
         meaning="Under `--slurm`, the run's latest job ended as `CANCELLED` (`scancel`, by its user or by an "
         "admin) before the run reached its last step. A cancel is chosen, not a failure, so it is told to the "
         "team and does not page; every other early end of the job pages as VerlTrainingJobCrashed.",
