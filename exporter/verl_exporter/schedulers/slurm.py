@@ -125,8 +125,7 @@ class _Followed:
     reader: Ingestor | None = None  # the thread that reads its files
     ended: bool = False
     end_checks: int = 0
-    final: SlurmJob | None = None  # Slurm's word on the ended job (its batch host only)
-    ended_at: float | None = None
+    end: JobEnd | None = None  # how and when Slurm ended the job (known on its batch host only)
 
 
 class SlurmWatcher:
@@ -156,8 +155,8 @@ class SlurmWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
-        # NVML's indices of the GPUs a job's processes use (the GPU collector's ``gpus_used_by``):
-        # Slurm numbers GPUs in gres.conf's order, which need not be NVML's (PCI bus) order.
+        # The GPU library's indices of the GPUs a job's processes use (the GPU collector's
+        # ``gpus_used_by``): Slurm numbers GPUs in gres.conf's order, which need not be the library's.
         self.gpus_in_use: Callable[[set[int]], tuple[str, ...]] | None = None
 
     # -- what the collectors read
@@ -181,12 +180,9 @@ class SlurmWatcher:
             job = item.job
             in_use = self.gpus_in_use(item.local.pids) if self.gpus_in_use and not item.ended else ()
             gpus = in_use or item.local.gpus or job.gres_gpus
-            final = item.final
-            end = None if final is None or item.ended_at is None else JobEnd(
-                final.state, final.exit_code, final.reason, item.ended_at)
             for run in sorted(item.runs):
                 rows.append(JobRun(run.project, run.experiment, "slurm", job.job_id, job.job_name, job.user,
-                                   job.partition, gpus=gpus, running=not item.ended, end=end))
+                                   job.partition, gpus=gpus, running=not item.ended, end=item.end))
         return rows
 
     # -- the watcher thread
@@ -371,7 +367,9 @@ class SlurmWatcher:
         for source in followed.sources:
             source.close()
         with self._lock:
-            followed.ended, followed.final, followed.ended_at = True, final, self.clock()
+            followed.ended = True
+            if final is not None:
+                followed.end = JobEnd(final.state, final.exit_code, final.reason, self.clock())
             del self.jobs[followed.job.job_id]
             self.ended[followed.job.job_id] = followed
             while len(self.ended) > MAX_ENDED:
