@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .catalog import Resolved
 from .records import CHECKPOINT_SAVE_KEYS, RunKey, logged_seconds
+from .step_windows import StepWindow
 
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 DROPPED_SAMPLE = 16  # keys the series cap refused that a run remembers by name; the rest are counted
@@ -74,6 +75,7 @@ class RunState:
     started_at: float | None = None  # when the run's first line was written (config print or first step)
     log_errors: Counter = field(default_factory=Counter)  # errors its log showed, by kind
     error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
+    windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
 
     def copy(self) -> "RunState":
         return RunState(
@@ -102,6 +104,7 @@ class RunState:
             started_at=self.started_at,
             log_errors=Counter(self.log_errors),
             error_lines=list(self.error_lines),
+            windows={name: window.copy() for name, window in self.windows.items()},
         )
 
     def drop_key(self, key: str) -> None:

@@ -1,6 +1,7 @@
 """Every family the exporter serves itself, as data: name, type, HELP and labels.
 
-The bottom of the package: it imports nothing of it. Collectors build their families from these
+The bottom of the package: it imports nothing of it but ``step_windows`` (the step statistics' names).
+Collectors build their families from these
 entries (``Family.new``); the catalog takes the names logged keys may not have from here
 (``reserved_names``), so renaming a family here renames it everywhere, and a logged key can
 never take it. Logged verl keys are not listed: the catalog names them (``catalog.yaml``).
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .step_windows import STATS as STEP_STATS
 
 Built = GaugeMetricFamily | CounterMetricFamily  # what ``Family.new`` gives: a family samples are added to
 RUN = ("project", "experiment")
@@ -222,6 +225,11 @@ TRAINING_RUN = _by_key(
         "verl_checkpoint_last_save_duration_seconds",
         "How long the run's latest finished checkpoint save took (verl's timing_s/save_checkpoint where it logs it).",
         RUN, optional=True)),
+    # Statistics over the run's own steps of the metrics the rules judge in steps (step_windows.py).
+    *((f"steps_{stat}", _gauge(f"verl_training_{stat}", f"{text} (metric: the served name, in its base unit); "
+                               "absent until the run has logged the metric at that many steps.", (*RUN, "metric"),
+                               optional=True))
+      for stat, (_, text) in STEP_STATS.items()),
     # Its labels besides the run's are the run config's info labels the catalog lists.
     ("config_info", _gauge("verl_run_config_info", "The run's string settings (verl's run config) as labels.", RUN,
                            optional=True)),

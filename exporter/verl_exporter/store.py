@@ -32,6 +32,7 @@ from .catalog import Catalog
 from .records import MAX_KEY_CHARS, Record, RunKey, is_event
 from .run_state import CheckpointState, RunState, StoreSnapshot
 from .series_names import SeriesNames
+from .step_windows import WATCHED, StepWindow
 
 log = logging.getLogger(__name__)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
@@ -70,6 +71,7 @@ class RunStore:
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._names = SeriesNames(catalog)
+        self._watched: dict[str, tuple[str, float] | None] = {}  # verl key -> served name and scale, if watched
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
@@ -134,12 +136,41 @@ class RunStore:
                 self._find_respellings(state, values)
             if state.logged_at:
                 self._stamp(state, values)
+            self._watch_steps(state, record.step, values)
             if total is None:
                 self._unconverted.add(record.run)
             elif total - total != 0:  # a NaN or an infinity among the values
                 for key, value in values.items():
                     if not isinstance(value, str) and value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
+
+    def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
+        """Add this step's value of each metric the rules judge in steps (``step_windows``)."""
+        watched = self._watched
+        for key, value in values.items():
+            target = watched.get(key, False)
+            if target is False:
+                target = self._watched_name(key)
+            if target is None:
+                continue
+            name, scale = target
+            try:
+                number = float(value) * scale
+            except (TypeError, ValueError, OverflowError):
+                continue
+            window = state.windows.get(name)
+            if window is None:
+                window = state.windows[name] = StepWindow()
+            window.add(step, number)
+
+    def _watched_name(self, key: str) -> tuple[str, float] | None:
+        """The served name and scale of ``key`` if the rules judge it in steps, else None (cached, bounded)."""
+        resolved = self.catalog.resolve(key)
+        spec = resolved.spec
+        target = (spec.name, spec.scale) if spec.name in WATCHED and not resolved.label_values else None
+        if len(self._watched) < 100_000:
+            self._watched[key] = target
+        return target
 
     def _may_feed(self, state: RunState, record: Record) -> bool:
         """Whether ``record`` may feed its run: it comes from the source that feeds the run, or it is

@@ -31,6 +31,14 @@ and, from the errors the run's log shows and its first line::
     verl_training_started_timestamp_seconds{project,experiment} when its first line (config print or
                                                                first step) was written
 
+and, over the run's own steps of the metrics the rules judge in steps (``step_windows``)::
+
+    verl_training_recent_min{project,experiment,metric}    and recent_max: the last 3 steps
+    verl_training_window_median{project,experiment,metric} and window_mean: the last 10 steps
+    verl_training_prior_mean{project,experiment,metric}    the 10 steps before those
+    verl_training_early_median{project,experiment,metric}  the run's first 10 steps
+    verl_training_run_max{project,experiment,metric}       and run_min: every step so far
+
 and, once a run has started saving a checkpoint (verl's ``local_global_step_folder:`` line)::
 
     verl_checkpoint_saving{project,experiment}                           1 while a save runs, else 0
@@ -55,7 +63,7 @@ from typing import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .. import run_settings, schema
+from .. import run_settings, schema, step_windows
 from ..exposition import Part
 from ..run_state import RunState, StoreSnapshot
 from ..store import RunStore
@@ -160,6 +168,11 @@ class TrainingCollector:
                 families["checkpoint_step"].add_metric(run, checkpoint.done_step)
                 if checkpoint.done_seconds is not None:  # set with done_step
                     families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
+        for name, window in sorted(state.windows.items()):
+            for stat in step_windows.WATCHED.get(name, ()):
+                value = window.stat(stat)
+                if value is not None:
+                    families[f"steps_{stat}"].add_metric(run + [name], value)
         out = {key: family for key, family in families.items() if family.samples}
         for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
             family = out.get(name)

@@ -1,0 +1,124 @@
+"""A run's recent steps of the metrics the alert rules judge, so that rules decide in steps, not minutes.
+
+A run lives in steps: 20 s each for a small model, over an hour for a 70B one. Prometheus only knows
+wall-clock windows, so a rule written as "the last 30 minutes" sees a hundred steps of one run and
+less than one of another. The exporter knows each step, so it serves, per run and per watched
+metric, statistics over a fixed number of the run's own steps (in the metric's base unit):
+
+    verl_training_recent_min{project,experiment,metric}     lowest value of the last 3 steps
+    verl_training_recent_max{project,experiment,metric}     highest value of the last 3 steps
+    verl_training_window_median{project,experiment,metric}  median of the last 10 steps
+    verl_training_window_mean{project,experiment,metric}    mean of the last 10 steps
+    verl_training_prior_mean{project,experiment,metric}     mean of the 10 steps before those
+    verl_training_early_median{project,experiment,metric}   median of the run's first 10 steps
+    verl_training_run_max{project,experiment,metric}        highest value of every step so far
+    verl_training_run_min{project,experiment,metric}        lowest value of every step so far
+
+``metric`` is the served name of the metric (``verl_actor_entropy``). A statistic is served only
+once the run has logged the metric at enough steps to fill its window, so a rule needs no warm-up
+term of its own. Non-finite values are left out (``verl_training_nonfinite_values_total`` counts
+them). Cardinality: at most one series per (run, metric, statistic) of ``WATCHED`` below, which
+lists only what the shipped rules read (``tests/unit/test_step_windows.py`` keeps the two equal).
+
+The bottom of the package: it imports nothing of it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+RECENT = 3  # "held": the condition at each of the last RECENT steps
+WINDOW = 10  # "half-true": the median of the last WINDOW steps; also the trend windows
+EARLY = 10  # the run's baseline: its first EARLY steps
+
+# statistic -> (steps it needs, what it is), in the order served.
+STATS = {
+    "recent_min": (RECENT, f"Lowest value of the run's last {RECENT} steps"),
+    "recent_max": (RECENT, f"Highest value of the run's last {RECENT} steps"),
+    "window_median": (WINDOW, f"Median of the run's last {WINDOW} steps"),
+    "window_mean": (WINDOW, f"Mean of the run's last {WINDOW} steps"),
+    "prior_mean": (2 * WINDOW, f"Mean of the {WINDOW} steps before the run's last {WINDOW}"),
+    "early_median": (EARLY, f"Median of the run's first {EARLY} steps"),
+    "run_max": (1, "Highest value of every step of the run so far"),
+    "run_min": (1, "Lowest value of every step of the run so far"),
+}
+
+_ALL = frozenset(STATS)
+_HELD = frozenset({"recent_min", "recent_max", "window_median"})
+_TREND = frozenset({"window_mean", "prior_mean"})
+
+# The metrics the rules judge in steps (served names), and the statistics read of each.
+WATCHED: dict[str, frozenset[str]] = {
+    "verl_actor_pg_clipfrac": _HELD,
+    "verl_actor_ppo_kl": _HELD,
+    "verl_actor_entropy": _ALL,
+    "verl_actor_kl_loss": _HELD,
+    "verl_actor_grad_norm": _HELD | _TREND,
+    "verl_actor_pg_loss": _HELD | _TREND,
+    "verl_critic_grad_norm": _HELD,
+    "verl_critic_vf_explained_var": _HELD,
+    "verl_critic_vf_loss": _HELD | _TREND,
+    "verl_critic_vf_clipfrac": _HELD,
+    "verl_critic_advantages_max": _HELD | {"run_max"},
+    "verl_critic_advantages_min": _HELD | {"run_min"},
+    "verl_critic_score_mean": _ALL,
+    "verl_critic_score_max": frozenset({"run_max"}),
+    "verl_critic_score_min": frozenset({"run_min"}),
+    "verl_critic_rewards_mean": _HELD | _TREND,
+    "verl_response_length_mean": _HELD | {"early_median"},
+    "verl_response_length_clip_ratio": _HELD,
+    "verl_prompt_length_clip_ratio": _HELD,
+}
+LONGEST = max(steps for steps, _ in STATS.values() if steps > 1)
+
+
+@dataclass
+class StepWindow:
+    """One metric of one run: its value at each of its latest steps, its first steps, its extremes."""
+
+    last: deque = field(default_factory=lambda: deque(maxlen=LONGEST))  # (step, value), one per step
+    early: list = field(default_factory=list)
+    high: float = -math.inf
+    low: float = math.inf
+
+    def add(self, step: int, value: float) -> None:
+        """The metric's value at ``step``; a second value of the same step replaces the first."""
+        if value - value != 0:
+            return
+        last = self.last
+        if last and last[-1][0] == step:
+            last[-1] = (step, value)
+            if len(last) <= EARLY and len(self.early) == len(last):
+                self.early[-1] = value
+        else:
+            last.append((step, value))
+            if len(self.early) < EARLY:
+                self.early.append(value)
+        self.high = max(self.high, value)
+        self.low = min(self.low, value)
+
+    def copy(self) -> "StepWindow":
+        return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low)
+
+    def stat(self, name: str) -> float | None:
+        """Statistic ``name`` of ``STATS``, or None while the run has too few steps of it."""
+        needed = STATS[name][0]
+        if len(self.last) < needed and name != "early_median":
+            return None
+        values = [value for _, value in self.last]
+        if name == "recent_min":
+            return min(values[-RECENT:])
+        if name == "recent_max":
+            return max(values[-RECENT:])
+        if name == "window_median":
+            return statistics.median(values[-WINDOW:])
+        if name == "window_mean":
+            return math.fsum(values[-WINDOW:]) / WINDOW
+        if name == "prior_mean":
+            return math.fsum(values[-2 * WINDOW:-WINDOW]) / WINDOW
+        if name == "early_median":
+            return statistics.median(self.early) if len(self.early) >= EARLY else None
+        return self.high if name == "run_max" else self.low
