@@ -10,6 +10,7 @@ metric, statistics over a fixed number of the run's own steps (in the metric's b
     verl_training_window_median{project,experiment,metric}  median of the last 10 steps
     verl_training_window_mean{project,experiment,metric}    mean of the last 10 steps
     verl_training_prior_mean{project,experiment,metric}     mean of the 10 steps before those
+    verl_training_prior_stddev{project,experiment,metric}   their standard deviation
     verl_training_early_median{project,experiment,metric}   median of the run's first 10 steps
     verl_training_run_max{project,experiment,metric}        highest value of every step so far
     verl_training_run_min{project,experiment,metric}        lowest value of every step so far
@@ -41,6 +42,7 @@ STATS = {
     "window_median": (WINDOW, f"Median of the run's last {WINDOW} steps"),
     "window_mean": (WINDOW, f"Mean of the run's last {WINDOW} steps"),
     "prior_mean": (2 * WINDOW, f"Mean of the {WINDOW} steps before the run's last {WINDOW}"),
+    "prior_stddev": (2 * WINDOW, f"Standard deviation of the {WINDOW} steps before the run's last {WINDOW}"),
     "early_median": (EARLY, f"Median of the run's first {EARLY} steps"),
     "run_max": (1, "Highest value of every step of the run so far"),
     "run_min": (1, "Lowest value of every step of the run so far"),
@@ -49,28 +51,35 @@ STATS = {
 _ALL = frozenset(STATS)
 _HELD = frozenset({"recent_min", "recent_max", "window_median"})
 _TREND = frozenset({"window_mean", "prior_mean"})
+_SPREAD = frozenset({"prior_mean", "prior_stddev"})
 
 # The metrics the rules judge in steps (served names), and the statistics read of each.
 WATCHED: dict[str, frozenset[str]] = {
     "verl_actor_pg_clipfrac": _HELD,
-    "verl_actor_ppo_kl": _HELD,
+    "verl_actor_ppo_kl": _HELD | _SPREAD,
     "verl_actor_entropy": _ALL,
     "verl_actor_kl_loss": _HELD,
-    "verl_actor_grad_norm": _HELD | _TREND,
-    "verl_actor_pg_loss": _HELD | _TREND,
+    "verl_actor_grad_norm": _HELD | _SPREAD,
+    "verl_actor_pg_loss": _HELD | _SPREAD,
     "verl_critic_grad_norm": _HELD,
     "verl_critic_vf_explained_var": _HELD,
-    "verl_critic_vf_loss": _HELD | _TREND,
+    "verl_critic_vf_loss": _HELD | _TREND | _SPREAD,
     "verl_critic_vf_clipfrac": _HELD,
+    "verl_critic_vpred_mean": frozenset({"window_median"}),
+    "verl_critic_returns_mean": frozenset({"window_median"}),
+    "verl_critic_advantages_mean": _HELD,
     "verl_critic_advantages_max": _HELD | {"run_max"},
     "verl_critic_advantages_min": _HELD | {"run_min"},
     "verl_critic_score_mean": _ALL,
     "verl_critic_score_max": frozenset({"run_max"}),
     "verl_critic_score_min": frozenset({"run_min"}),
-    "verl_critic_rewards_mean": _HELD | _TREND,
-    "verl_response_length_mean": _HELD | {"early_median"},
+    "verl_critic_rewards_mean": _HELD | _SPREAD,
+    "verl_response_length_mean": _HELD | {"early_median", "prior_mean"},
     "verl_response_length_clip_ratio": _HELD,
     "verl_prompt_length_clip_ratio": _HELD,
+    "verl_timing_step_seconds": frozenset({"recent_max", "run_max", "window_median", "prior_mean"}),
+    "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean"}),
+    "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean"}),
 }
 LONGEST = max(steps for steps, _ in STATS.values() if steps > 1)
 
@@ -119,6 +128,8 @@ class StepWindow:
             return math.fsum(values[-WINDOW:]) / WINDOW
         if name == "prior_mean":
             return math.fsum(values[-2 * WINDOW:-WINDOW]) / WINDOW
+        if name == "prior_stddev":
+            return statistics.pstdev(values[-2 * WINDOW:-WINDOW])
         if name == "early_median":
             return statistics.median(self.early) if len(self.early) >= EARLY else None
         return self.high if name == "run_max" else self.low
