@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import step_series
 from servers import REPO, require_binary
 from verl_exporter import shipped
 from verl_exporter.alerting import generate, model, render
@@ -52,11 +53,14 @@ def test_promtool_check_rules_and_config_pass():
 
 
 @pytest.fixture(scope="module")
-def unit_test_runs():
-    """``promtool test rules`` of every test file, started together (the files are independent)."""
+def unit_test_runs(tmp_path_factory):
+    """``promtool test rules`` of every test file, started together (the files are independent), each
+    with the step statistics the exporter would serve of its training series (``step_series``)."""
     binary = require_binary("promtool")
-    runs = {path: subprocess.Popen([binary, "test", "rules", path.name], cwd=TESTS, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for path in TEST_FILES}
+    out = tmp_path_factory.mktemp("promtool-tests")
+    runs = {path: subprocess.Popen([binary, "test", "rules", str(step_series.expand(path, out))], cwd=TESTS,
+                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for path in TEST_FILES}
     yield runs
     for process in runs.values():
         process.kill()

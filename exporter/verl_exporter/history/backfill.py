@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,13 +31,17 @@ from prometheus_client.utils import floatToGoString
 
 from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.durations import parse_duration
 from verl_exporter.records import RunKey, is_event
 from verl_exporter.sources import FORMATS
 from verl_exporter.store import RunStore
 
+from .tempo import median_step_seconds, retime
 from .timeline import DEFAULT_STEP_SECONDS, FileTimeline, read_file, split_timestamp
 
 SCRAPE_INTERVAL = 15.0
+BLOCK_MILLISECONDS = 2 * 3600 * 1000  # promtool's block windows, aligned to multiples of this
+PROMTOOLS_AT_ONCE = 2
 OPENMETRICS_FILE = "backfill.om"
 BLOCKS_DIR = "blocks"
 HELP_NOTE = (" Backfilled from the log: step times are the lines' own timestamps where they have them,"
@@ -62,6 +67,10 @@ class History:
         index = bisect.bisect_right(clock, (moment, math.inf))
         return clock[index - 1][1] if index else None
 
+    def median_step(self) -> float | None:
+        """The median time between consecutive steps of its files."""
+        return median_step_seconds(self.timelines)
+
     def grid(self, interval: float) -> list[float]:
         """The scrape times: every ``interval`` from the first step, and the end."""
         count = int((self.end - self.start) // interval)
@@ -72,14 +81,18 @@ class History:
 
 
 def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, experiment: str | None = None,
-          until: float | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS) -> History:
-    """Read ``paths`` and replay their steps through a RunStore, in time order."""
+          until: float | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS,
+          tempo: float | None = None) -> History:
+    """Read ``paths`` and replay their steps through a RunStore, in time order. With ``tempo``, as
+    the same run whose median step takes ``tempo`` seconds (``history.tempo``)."""
     history = History()
     events = []
-    for index, path in enumerate(paths):
-        timeline = read_file(path, fmt=fmt, project=project, experiment=experiment,
-                             default_step_seconds=default_step_seconds)
-        history.timelines.append(timeline)
+    for path in paths:
+        history.timelines.append(read_file(path, fmt=fmt, project=project, experiment=experiment,
+                                           default_step_seconds=default_step_seconds))
+    if tempo is not None:
+        retime(history.timelines, tempo)
+    for index, timeline in enumerate(history.timelines):
         events += [(step.time, index, order, step) for order, step in enumerate(timeline.steps)]
     if not events:
         raise ValueError("no training steps in " + ", ".join(paths))
@@ -163,11 +176,57 @@ def promtool_command(openmetrics: Path, blocks: Path, promtool: str = "promtool"
 
 
 def create_blocks(openmetrics: Path, blocks: Path, promtool: str) -> None:
-    """Run promtool over the OpenMetrics file; RuntimeError with promtool's output if it fails."""
+    """Run promtool over the OpenMetrics file; RuntimeError with promtool's output if it fails.
+
+    promtool reads its whole input once for every 2-hour block it writes, so a history of weeks
+    (slow steps) would cost hundreds of passes: it is first split into one file per block window,
+    each read once, two promtools at a time."""
     blocks.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(promtool_command(openmetrics, blocks, promtool), capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"promtool failed ({result.returncode}): {(result.stderr or result.stdout).strip()[-2000:]}")
+    parts = split_by_block(openmetrics)
+    try:
+        with ThreadPoolExecutor(PROMTOOLS_AT_ONCE) as pool:
+            results = list(pool.map(lambda part: subprocess.run(promtool_command(part, blocks, promtool),
+                                                                capture_output=True, text=True), parts))
+    finally:
+        for part in parts:
+            if part != openmetrics:
+                part.unlink(missing_ok=True)
+    for result in results:
+        if result.returncode:
+            raise RuntimeError(f"promtool failed ({result.returncode}): "
+                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+
+
+def split_by_block(openmetrics: Path) -> list[Path]:
+    """``openmetrics`` as one file per 2-hour block window of its samples (itself when it has one)."""
+    windows: dict[int, list[str]] = {}
+    header: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
+    family, seen = "", {}  # seen: window -> the last family whose header it got
+    with openmetrics.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("#"):
+                if line.startswith(("# HELP ", "# TYPE ")):
+                    name = line.split(" ", 3)[2]
+                    if name != family:
+                        family, header[name] = name, []
+                    header[name].append(line)
+                continue
+            window = int(float(line.rsplit(" ", 1)[1]) * 1000) // BLOCK_MILLISECONDS
+            out = windows.get(window)
+            if out is None:
+                out = windows[window] = []
+            if seen.get(window) != family:
+                out += header.get(family, [])
+                seen[window] = family
+            out.append(line)
+    if len(windows) <= 1:
+        return [openmetrics]
+    parts = []
+    for window, out in sorted(windows.items()):
+        part = openmetrics.with_name(f"{openmetrics.stem}-{window}.om")
+        part.write_text("".join(out) + "# EOF\n", encoding="utf-8")
+        parts.append(part)
+    return parts
 
 
 def parse_time(text: str) -> float:
@@ -207,13 +266,16 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
                              "as a live exporter would after the last step")
     parser.add_argument("--scrape-interval", type=float, default=SCRAPE_INTERVAL, metavar="SECONDS",
                         help="seconds between the reconstructed scrapes (default 15)")
+    parser.add_argument("--tempo", type=parse_duration, metavar="DURATION",
+                        help="replay the run as if its median step took DURATION (e.g. 30s, 40m): every step's "
+                             "time and logged duration scaled alike, the same run on faster or slower GPUs")
     parser.add_argument("--job", default="verl", help="the job label Prometheus would add")
     parser.add_argument("--instance", default="backfill", help="the instance label Prometheus would add")
 
 
 def build_from_args(args: argparse.Namespace) -> History:
     return build(expand(args.sources), fmt=args.format, project=args.project, experiment=args.experiment,
-                 until=args.until)
+                 until=args.until, tempo=args.tempo)
 
 
 def backfill(args: argparse.Namespace, output: Path, *, blocks: bool = True) -> tuple[History, Path, int]:

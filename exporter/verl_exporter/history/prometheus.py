@@ -18,8 +18,8 @@ MAX_POINTS = 10_000  # Prometheus refuses range queries of more than 11,000 poin
 class Prometheus:
     """A real Prometheus over ``data`` on a free loopback port, for range queries only."""
 
-    def __init__(self, workdir: Path, data: Path, binary: str):
-        self.workdir, self.data, self.binary = workdir, data, binary
+    def __init__(self, workdir: Path, data: Path, binary: str, lookback: float = 300.0):
+        self.workdir, self.data, self.binary, self.lookback = workdir, data, binary, lookback
         self.process: subprocess.Popen | None = None
         self.url = ""
 
@@ -34,7 +34,8 @@ class Prometheus:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
+                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y",
+                 f"--query.lookback-delta={round(self.lookback)}s"],
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

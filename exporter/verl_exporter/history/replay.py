@@ -33,8 +33,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +56,16 @@ from .prometheus import Prometheus
 
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
 QUERIES_AT_ONCE = 4
+# Replay scales with steps, not seconds: samples and evaluations about this many per median step,
+# but never more than MAX_EVALUATIONS over the whole history (a 1,000-step run of 40-minute steps spans
+# a month: every 15 s would be 180,000 evaluations of every rule; a step is still seen by several).
+EVALUATIONS_PER_STEP = 4
+MAX_EVALUATIONS = 5_000
+# A rule that reads its own ALERTS series (hysteresis: it stays firing on a looser condition) is run
+# twice: with its ALERTS term matching no series (what starts the alert) and every run (what keeps it).
+_OWN_ALERTS = re.compile(r'ALERTS\{alertname="(\w+)", alertstate="firing"\}')
+NO_RUN = "(verl_training_last_step < -Inf)"
+EVERY_RUN = "verl_training_last_step"
 
 
 def shipped_rules() -> list[Path]:
@@ -162,13 +174,26 @@ def _last_over_time(interval: str, match: re.Match[str]) -> str:
     return f"last_over_time({match.group(0)}[{interval}])"
 
 
-def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float]) -> list[AlertHistory]:
-    """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}."""
+def evaluation_interval(history: History, interval: float) -> float:
+    """The replay's sample and evaluation interval: ``interval``, or longer for slow runs and long histories."""
+    median = history.median_step() or 0.0
+    span = max(0.0, history.end - history.start)
+    return float(math.ceil(max(interval, median / EVALUATIONS_PER_STEP, span / MAX_EVALUATIONS)))
+
+
+def evaluate(rule: AlertRule, samples: dict[tuple, dict[float, float]], times: list[float],
+             staying: dict[tuple, dict[float, float]] | None = None) -> list[AlertHistory]:
+    """Prometheus' alert state machine over evaluation ``times``; ``samples``: label set -> {time: value}.
+    ``staying``: for a rule that reads its own ALERTS, its result with that term true for every run: a
+    label set there counts at an evaluation when it was firing at the evaluation before."""
     histories: dict[tuple, AlertHistory] = {}
     active: dict[tuple, dict] = {}  # label set -> since, fired (time or None), seen, cleared
     last = times[0] if times else 0.0
     for moment in times:
         present = [key for key, points in samples.items() if moment in points]
+        if staying:
+            present += [key for key, points in staying.items() if moment in points and key not in present
+                        and key in active and active[key]["fired"] is not None and active[key]["seen"] == last]
         for key in present:
             alert = active.setdefault(key, {"since": moment, "fired": None, "pending_end": moment})
             alert["seen"], alert["cleared"] = moment, None
@@ -203,7 +228,12 @@ def _close(histories: dict, rule: AlertRule, key: tuple, alert: dict, end: float
 def replay(history: History, rule_files: list[Path], workdir: Path, *, interval: float,
            prometheus: str, promtool: str) -> tuple[list[AlertHistory], int]:
     """Every alert's history over ``history``, and the number of alerting rules evaluated."""
+    interval = evaluation_interval(history, interval)
     alerts, recording = load_rules(rule_files, interval)
+    alerts = [dataclasses.replace(rule, interval=max(rule.interval, interval)) for rule in alerts]
+    for group in recording:
+        group["interval"] = f"{max(parse_duration(group['interval']), interval):g}s"
+    alerts, recording = inline(alerts, recording)
     alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
     data = workdir / "data"
     openmetrics = workdir / "backfill.om"
@@ -211,15 +241,20 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     with openmetrics.open("w", encoding="utf-8") as out:
         write_openmetrics(history, out, interval=interval, keep=referenced(exprs))
     create_blocks(openmetrics, data, promtool)
-    server = Prometheus(workdir, data, prometheus)
+    server = Prometheus(workdir, data, prometheus, lookback=max(300.0, 2 * interval))
     start, end = round(history.start, 3), round(history.end, 3)
     try:
         server.start()
-        if recording:
-            _record(server, recording, workdir, start, end, promtool)
+        answerable = _answerable(recording, lambda name: name in history.families)
+        if answerable:
+            _record(server, answerable, workdir, start, end, promtool)
         def history_of(rule: AlertRule) -> list[AlertHistory]:
             times = evaluation_times(start, end, rule.interval)
-            return evaluate(rule, server.query_range(rule.expr, times[0], end, rule.interval), times)
+            if not _OWN_ALERTS.search(rule.expr):
+                return evaluate(rule, server.query_range(rule.expr, times[0], end, rule.interval), times)
+            starting = server.query_range(_OWN_ALERTS.sub(NO_RUN, rule.expr), times[0], end, rule.interval)
+            staying = server.query_range(_OWN_ALERTS.sub(EVERY_RUN, rule.expr), times[0], end, rule.interval)
+            return evaluate(rule, starting, times, staying)
 
         with ThreadPoolExecutor(QUERIES_AT_ONCE) as pool:  # Prometheus runs queries side by side
             results = [alert for history in pool.map(history_of, alerts) for alert in history]
@@ -232,6 +267,38 @@ def evaluation_times(start: float, end: float, interval: float) -> list[float]:
     """Every ``interval`` over the history, the last evaluation at its last sample."""
     count = int((end - start) // interval)
     return [round(end - k * interval, 3) for k in range(count, -1, -1)]
+
+
+def inline(alerts: list[AlertRule], groups: list[dict]) -> tuple[list[AlertRule], list[dict]]:
+    """The alerts with each recorded series they read plainly (no matchers, no range, no added labels)
+    replaced by its rule's expression, evaluated at the same time: the same result without a
+    second backfill. The recording rules still read otherwise are returned."""
+    simple = {entry["record"]: entry["expr"].strip() for group in groups for entry in group["rules"]
+              if not entry.get("labels")}
+    counts: dict[str, int] = {}
+    for entry in (entry for group in groups for entry in group["rules"]):
+        counts[entry["record"]] = counts.get(entry["record"], 0) + 1
+    simple = {name: expr for name, expr in simple.items() if counts[name] == 1}
+
+    def replaced(expr: str) -> str:
+        for name, body in simple.items():
+            expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:{{\[])(?!\s*\[)", lambda _m: f"({body})", expr)
+        return expr
+
+    alerts = [dataclasses.replace(rule, expr=replaced(rule.expr)) for rule in alerts]
+    return alerts, _read_by(alerts, groups)
+
+
+def _answerable(groups: list[dict], present: Callable[[str], bool]) -> list[dict]:
+    """The recording rules that can record anything: a rule that reads no series of the history
+    (the GPU and fleet rules in a replay of logs) and no constant records nothing."""
+    kept = []
+    for group in groups:
+        rules = [entry for entry in group["rules"]
+                 if "vector(" in entry["expr"] or any(present(word) for word in _NAME.findall(entry["expr"]))]
+        if rules:
+            kept.append(group | {"rules": rules})
+    return kept
 
 
 def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float, end: float, promtool: str) -> None:
@@ -293,6 +360,11 @@ def _steps(history: History, run: RunKey | None, period: Period) -> str:
     return f"step {first} to {last}"
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM: unwind, so that Prometheus is stopped and the temporary folder removed."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="verl-exporter replay",
@@ -309,6 +381,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="work in DIR (new or empty) and keep it (blocks, logs)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
     rules = args.rules or shipped_rules()
     if not rules:
         parser.error("no rule files found: give --rules")
