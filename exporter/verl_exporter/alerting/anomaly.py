@@ -1,76 +1,106 @@
-"""Alerts that learn the run's own normal: each value against its own earlier steps.
+"""Alerts that learn the run's own normal: each value against its trailing mean and spread.
 
-Windows are steps of the run (``step_windows``), never minutes, so a run gets the same diagnosis
-at the same step whether its steps take 20 seconds or an hour. A spike or a shift compares the
-last 3 steps (each of them: a one-step spike that recovers, common in healthy runs, does not
-count) with the mean and spread of the 10 steps before the last 10, so that the move is not yet
-part of the normal it is measured against. The spread has a floor per metric (at least the 0.001
-that verl before 0.5 prints), so a series that barely moves or is rounded does not turn noise into
-huge z-scores; and nothing is served until the run has 20 steps of the metric, so the first steps
-(warm-up, fast early changes) never alert. An alert stays firing while the median of the last 10
-steps is still half as far out (``stay``): one incident, one notification.
+Per run, recording rules keep each watched metric's z-score against the trailing window and its
+change relative to the trailing mean (``run:<metric>:zscore1h``, ``run:<metric>:change1h``): the
+window is the hour that ended ``GAP`` ago (``COLLAPSE_GAP`` for collapses, which last: they stay out
+of their own normal for an hour), so a spike or a shift is not yet part of the normal it is
+measured against; the standard deviation has a floor per metric (at least the 0.001 that verl
+before 0.5 prints), so a series that barely moves or is rounded does not turn noise into huge
+z-scores; and nothing is recorded until the window holds ``${anomaly:min_steps}`` steps, so the
+first steps (warm-up, fast early changes) never alert. "Trailing hour" in the descriptions is
+that window.
+
+What is compared with that normal is the median of the last ``RECENT`` (at least three steps
+where anything is recorded), not the latest step: a one-step spike that recovers, common in
+healthy runs, moves no median; a spike that lasts does. Collapses must last 10 minutes more.
 """
 
 from __future__ import annotations
 
-from .model import Alert, Group, format_number, steps, sub
+from .model import Alert, Group, format_number, sub
 
+WINDOW = "1h"
+GAP = "15m"  # spikes: the trailing hour ends this long ago
+COLLAPSE_GAP = "1h"  # collapses: long enough that a collapse stays out of its own normal while it lasts
+RECENT = "10m"
 THRESHOLDS = {
-    "spike_zscore": 6.0,   # a spike: this many standard deviations of the steps before above their mean
-    "spike_change": 1.0,   # ... and up by more than this share of that mean (1: doubled)
+    "spike_zscore": 6.0,   # a spike: this many trailing standard deviations above the trailing mean
+    "spike_change": 1.0,   # ... and up by more than this share of the trailing mean (1: doubled)
     "shift_zscore": 4.0,   # a lasting shift (collapse, rise)
-    "drop_change": 0.5,    # a collapse: down by more than this share of that mean
+    "drop_change": 0.5,    # a collapse: down by more than this share of the trailing mean
+    "min_steps": 20.0,     # steps the trailing window must hold before anything is recorded
 }
-# Floors of the standard deviation of the steps before, in the metric's unit (about its healthy noise).
-FLOORS = {
-    "verl_actor_grad_norm": 0.01,
-    "verl_actor_ppo_kl": 0.001,  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
-    "verl_actor_pg_loss": 0.05,  # healthy runs move it by up to 0.06 for hours while they learn
-    "verl_critic_vf_loss": 0.01,
-    "verl_critic_score_mean": 0.01,
-    "verl_critic_rewards_mean": 0.01,
+# Floors of the trailing standard deviation, in the metric's unit (about its healthy noise), and
+# how long ago the trailing hour ends.
+WATCHED = {
+    "verl_actor_grad_norm": (0.01, GAP),
+    "verl_actor_ppo_kl": (0.001, GAP),  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
+    "verl_actor_pg_loss": (0.05, GAP),  # healthy runs move it by up to 0.06 for hours while they learn
+    "verl_critic_vf_loss": (0.01, GAP),
+    "verl_critic_score_mean": (0.01, COLLAPSE_GAP),
+    "verl_critic_rewards_mean": (0.01, COLLAPSE_GAP),
 }
-# Slow trends: the last 10 steps against the run's first 10 (entropy), or against its first 10 and the
-# 10 steps before the last 10 (lengths).
+# Slow trends, measured over hours rather than steps (verl steps take 10 s to 20 minutes).
 THRESHOLDS |= {
-    "entropy_rise_ratio": 1.5,   # VerlEntropyRising: each of the last 3 steps over its first 10 steps' median
+    "entropy_rise_ratio": 1.5,   # VerlEntropyRising: the last hour's median over the 6-hour low
     "entropy_rise_min": 0.05,    # ... and above it by at least this much (a collapsed 2e-4 may double)
-    "length_drop_ratio": 0.5,    # VerlResponseLengthCollapsed: each of the last 3 steps under this share of before
+    "length_drop_ratio": 0.5,    # VerlResponseLengthCollapsed: 30-minute median under this share of before
     "length_rise_ratio": 2.0,    # VerlResponseLengthExploded: ... over this multiple
+    "min_baseline_steps": 5.0,   # steps the 6 hours before must hold
 }
+LONG = "6h"
 EXTRA = {"anomaly": THRESHOLDS}
 
 
-def zscore(metric: str, stat: str) -> str:
-    """Statistic ``stat`` of ``metric``'s last steps, in standard deviations of the 10 steps before the
-    last 10 away from their mean."""
-    return sub("(${now} - ${mean}) / clamp_min(${spread}, ${floor})", now=steps(stat, metric),
-               mean=steps("prior_mean", metric), spread=steps("prior_stddev", metric),
-               floor=format_number(FLOORS[metric]))
+def median(series: str, window: str, offset: str = "") -> str:
+    return sub("quantile_over_time(0.5, ${series}[${window}]${offset})", series=series, window=window,
+               offset=sub(" offset ${offset}", offset=offset) if offset else "")
 
 
-def change(metric: str, stat: str) -> str:
-    """Statistic ``stat`` of ``metric``'s last steps relative to the mean of the 10 steps before the last 10."""
-    return sub("(${now} - ${mean}) / clamp_min(abs(${mean}), ${floor})", now=steps(stat, metric),
-               mean=steps("prior_mean", metric), floor=format_number(FLOORS[metric]))
+# The run's entropy low of the 6 hours before the last: its 10th percentile, so that one low step does
+# not count, and an hour that collapsed is not the low it is compared with.
+LOW_ENTROPY = "quantile_over_time(0.1, verl_actor_entropy[${LONG}] offset 1h)"
+
+
+def change(metric: str) -> str:
+    return sub("run:${metric}:change${WINDOW}", metric=metric, WINDOW=WINDOW)
+
+
+def zscore(metric: str) -> str:
+    return sub("run:${metric}:zscore${WINDOW}", metric=metric, WINDOW=WINDOW)
 
 
 def recording_rules() -> list[dict]:
-    """None: the anomaly alerts read the exporter's step statistics directly."""
-    return []
+    """``run:<metric>:zscore1h`` and ``run:<metric>:change1h`` (the change relative to the trailing
+    mean) of every watched metric, per run. Alerts read only these, so that both come from the same
+    evaluation."""
+    rules = []
+    for metric, (floor, gap) in WATCHED.items():
+        values = {"recent": sub("quantile_over_time(0.5, ${metric}[${RECENT}])", metric=metric),
+                  "trailing": sub("${metric}[${WINDOW}] offset ${gap}", metric=metric, gap=gap),
+                  "floor": format_number(floor), "gap": gap}
+        enough = " and ${RUN_MATCH} changes(verl_training_last_step[${WINDOW}] offset ${gap}) >= ${anomaly:min_steps}"
+        rules += [
+            {"record": change(metric),
+             "expr": sub("(${recent} - avg_over_time(${trailing})) / clamp_min(abs(avg_over_time(${trailing})), "
+                         "${floor})" + enough, **values)},
+            {"record": zscore(metric),
+             "expr": sub("(${recent} - avg_over_time(${trailing})) / clamp_min(stddev_over_time(${trailing}), "
+                         "${floor})" + enough, **values)},
+        ]
+    return [{"name": "verl-anomaly-baselines", "rules": rules}]
 
 
 def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) -> Alert:
     return Alert(
         name=name, severity="warning",
         expr=sub("${zscore} > ${anomaly:spike_zscore} and ${change} > ${anomaly:spike_change}",
-                 zscore=zscore(metric, "recent_min"), change=change(metric, "recent_min")),
-        stay=sub("${zscore} > ${anomaly:spike_zscore} / 2", zscore=zscore(metric, "window_median")),
+                 zscore=zscore(metric), change=change(metric)),
         for_="0s",
         summary=sub("${what} stays far above the run's own normal.", what=what),
-        description=sub("Run ${RUN}: ${key} at each of the last 3 steps is ${NUMBER} standard deviations or more "
-                        "above its mean over the 10 steps before the last 10, and more than ${anomaly:spike_change} "
-                        "of that mean above it: a spike that did not recover.", key=key),
+        description=sub("Run ${RUN}: ${key} over the last 10 minutes (median) has a z-score of ${NUMBER} against its "
+                        "trailing hour and rose by more than ${anomaly:spike_change} of that hour's mean: a spike that "
+                        "did not recover.", key=key),
         meaning=meaning, fix=fix)
 
 
@@ -80,44 +110,30 @@ _SHIFTS = {  # kind: (z-score comparison, change comparison, description)
 
 
 def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: str, fix: str) -> Alert:
-    """A lasting move (each of the last 3 steps) far outside the earlier spread and by a large share of the mean."""
+    """A lasting move (10 minutes) far outside the trailing spread and by a large share of the mean."""
     by_z, by_change, moved = _SHIFTS[kind]
     return Alert(
         name=name, severity="warning",
-        expr=sub("${zscore} ${by_z} and ${change} ${by_change}", zscore=zscore(metric, "recent_max"), by_z=by_z,
-                 change=change(metric, "recent_max"), by_change=by_change),
-        stay=sub("${zscore} ${by_z} / 2", zscore=zscore(metric, "window_median"), by_z=by_z),
-        for_="0s", summary=summary,
-        description=sub("Run ${RUN}: ${key} at each of the last 3 steps is ${NUMBER} standard deviations or more "
-                        "from its mean over the 10 steps before the last 10, and ${moved} of that mean.",
-                        key=key, moved=moved),
+        expr=sub("${zscore} ${by_z} and ${change} ${by_change}", zscore=zscore(metric), by_z=by_z,
+                 change=change(metric), by_change=by_change),
+        for_="10m", summary=summary,
+        description=sub("Run ${RUN}: ${key} has a z-score of ${NUMBER} against its trailing hour and ${moved} of that "
+                        "hour's mean.", key=key, moved=moved),
         meaning=meaning, fix=fix)
 
 
-ENTROPY_EARLY = steps("early_median", "verl_actor_entropy")
-# The run's response length before: its first 10 steps, or the 10 steps before the last 10.
-LENGTH_BEFORE = {"<": (steps("early_median", "verl_response_length_mean"), steps("prior_mean", "verl_response_length_mean"))}
-LENGTH_BEFORE[">"] = LENGTH_BEFORE["<"]
-
-
 def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning: str, fix: str) -> Alert:
-    """Each of the last 3 steps' mean response length under (over) a share of the run's length before,
-    its first 10 steps or the 10 steps before the last 10; it stays firing while the median of the last
-    10 steps is."""
-    stat = "recent_max" if comparison == "<" else "recent_min"
-    early, prior = LENGTH_BEFORE[comparison]
-    now, median = steps(stat, "verl_response_length_mean"), steps("window_median", "verl_response_length_mean")
-    expr = sub("(${now} ${comparison} ${anomaly:${ratio}} * ${early}"
-               " or ${now} ${comparison} ${anomaly:${ratio}} * ${prior})",
-               now=now, comparison=comparison, ratio=ratio, early=early, prior=prior)
+    """The last 15 minutes' median response length against the median of the 6 hours before the last 30
+    minutes (more than half of the 15 minutes must be short or long: one odd step is not)."""
+    recent, before = median("verl_response_length_mean", "15m"), median("verl_response_length_mean", LONG, "30m")
     return Alert(
-        name=name, severity="warning", expr=expr,
-        stay=sub("${median} ${comparison} ${anomaly:${ratio}} * ${early}", median=median, comparison=comparison,
-                 ratio=ratio, early=early),
-        for_="0s", summary=summary,
-        description="Run ${RUN}: response_length/mean at each of the last 3 steps is ${NUMBER} tokens or "
-        + ("less" if comparison == "<" else "more") + ", against ${anomaly:" + ratio + "} of its median over the "
-        "run's first 10 steps or of its mean over the 10 steps before the last 10.",
+        name=name, severity="warning",
+        expr=sub("${recent} ${comparison} ${anomaly:${ratio}} * ${before}", recent=recent, comparison=comparison,
+                 ratio=ratio, before=before) +
+        " and ${RUN_MATCH} changes(verl_training_last_step[${LONG}] offset 30m) >= ${anomaly:min_baseline_steps}",
+        for_="10m", summary=summary,
+        description="Run ${RUN}: the median response_length/mean of the last 15 minutes is ${NUMBER} tokens, against "
+        "${anomaly:" + ratio + "} of its median over the 6 hours before.",
         meaning=meaning, fix=fix, guide="4.1")
 
 
@@ -140,13 +156,10 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
            "step; if it repeats, halve `actor_rollout_ref.actor.optim.lr`."),
     Alert(
         name="VerlActorPgLossSpike", severity="warning",
-        expr=sub("${high} > ${anomaly:spike_zscore} or ${low} < -${anomaly:spike_zscore}",
-                 high=zscore("verl_actor_pg_loss", "recent_min"), low=zscore("verl_actor_pg_loss", "recent_max")),
-        stay=sub("abs(${zscore}) > ${anomaly:spike_zscore} / 2", zscore=zscore("verl_actor_pg_loss", "window_median")),
-        for_="0s",
+        expr=sub("abs(${zscore}) > ${anomaly:spike_zscore}", zscore=zscore("verl_actor_pg_loss")), for_="0s",
         summary="The policy loss stays far from the run's own normal.",
-        description="Run ${RUN}: actor/pg_loss at each of the last 3 steps is ${NUMBER} standard deviations or "
-        "more from its mean over the 10 steps before the last 10.",
+        description="Run ${RUN}: actor/pg_loss over the last 10 minutes (median) has a z-score of ${NUMBER} "
+        "against its trailing hour.",
         meaning="`actor/pg_loss` sits near 0 and moves slowly; ten minutes more than ${anomaly:spike_zscore} trailing "
         "standard deviations away (either sign, the deviation at least 0.05: healthy runs move it by up to "
         "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",
@@ -173,15 +186,14 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
            "`actor/reward_kl_penalty` and raise the KL coefficient (`algorithm.kl_ctrl.kl_coef`)."),
     Alert(
         name="VerlEntropyRising", severity="warning",
-        expr=sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${early}"
-                 " and ${entropy} - ${early} > ${anomaly:entropy_rise_min}",
-                 entropy=steps("recent_min", "verl_actor_entropy"), early=ENTROPY_EARLY),
-        stay=sub("${entropy} > (1 + ${anomaly:entropy_rise_ratio}) / 2 * ${early}",
-                 entropy=steps("window_median", "verl_actor_entropy"), early=ENTROPY_EARLY),
-        for_="0s",
+        expr=sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${LOW_ENTROPY}"
+                 " and ${entropy} - ${LOW_ENTROPY} > ${anomaly:entropy_rise_min}",
+                 entropy=median("verl_actor_entropy", "1h")) +
+        " and ${RUN_MATCH} changes(verl_training_last_step[${LONG}] offset 1h) >= ${anomaly:min_baseline_steps}",
+        for_="15m",
         summary="Policy entropy rose well above the run's own normal.",
-        description="Run ${RUN}: actor/entropy at each of the last 3 steps (the lowest ${NUMBER}) is more than "
-        "${anomaly:entropy_rise_ratio} times its median over the run's first 10 steps.",
+        description="Run ${RUN}: actor/entropy over the last hour (median ${NUMBER}) is more than "
+        "${anomaly:entropy_rise_ratio} times its low of the last 6 hours.",
         meaning="Entropy normally falls slowly during RL training. An hour whose median is half again above the "
         "run's own low of the last 6 hours (its 10th percentile, so one low step does not count) means the "
         "policy is becoming random: too large updates, a too high entropy bonus, no KL anchor, or rollouts "

@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, steps, sub
+from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, sub
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -19,32 +19,33 @@ THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brak
 THROTTLED = "|".join(THROTTLE_REASONS)
 
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
-# more than `stalled_steps` times its longest step of the last 3 (of the steps so far while it has
-# fewer), and at least the catalog's slowest healthy step. A run that has not logged the time of a
-# step yet is not stalled: its first step (model loading, rollout start-up) may take over an hour;
-# VerlTrainingNoFirstStep watches it. Measured at the scrape (timestamp()), not at evaluation, so the scrape interval adds nothing.
+# more than `stalled_steps` times the usual step time (the catalog's slowest healthy step when it is
+# unknown). Measured at the scrape (timestamp()), not at evaluation, so the scrape interval adds nothing.
 # How long the run's checkpoint save has been running, for runs saving one now.
-STEP_TIME = (steps("recent_max", "verl_timing_step_seconds") + " or "
-             + steps("run_max", "verl_timing_step_seconds"))
 SAVING_FOR = (
     "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)"
     " and verl_checkpoint_saving == 1)"
 )
 STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
-    " > ${RUN_MATCH} clamp_min(${timing_s/step:stalled_steps} * (${STEP_TIME}), ${timing_s/step:too_slow})"
+    " > ${RUN_MATCH} (${timing_s/step:stalled_steps} * ("
+    "avg_over_time(verl_timing_step_seconds[1h])"
+    " or ${RUN_MATCH} (0 * verl_training_last_step_timestamp_seconds + ${timing_s/step:too_slow})))"
     " unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
     " unless ${RUN_MATCH} ${SAVING_FOR} < ${system:checkpoint_save_ceiling_seconds}"
 )
 
-# The guide's problem 4, slow training, told against the run's own earlier steps: the median of the
-# last 10 steps over twice the mean of the 10 before.
-STEP_SLOWER = (steps("window_median", "verl_timing_step_seconds") + " > ${timing_s/step:slowdown_ratio} * "
-               + steps("prior_mean", "verl_timing_step_seconds"))
+# The guide's problem 4, slow training, told against the run's own earlier steps: the median step of
+# the last 30 minutes over twice the median of the 6 hours before.
+STEP_SLOWER = (
+    "quantile_over_time(0.5, verl_timing_step_seconds[30m])"
+    " > ${timing_s/step:slowdown_ratio} * quantile_over_time(0.5, verl_timing_step_seconds[6h] offset 30m)"
+    " and ${RUN_MATCH} changes(verl_training_last_step[6h] offset 30m) >= ${timing_s/step:baseline_steps}"
+)
 
 XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
-# The run's throughput before: the mean of the 10 steps before the last 10.
-THROUGHPUT_BEFORE = steps("prior_mean", "verl_perf_throughput")
+# The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
+THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
 UNFINISHED = "unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
 # The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
 RUN_GPUS = (run_query("project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}")
@@ -93,7 +94,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlGenerationBottleneck", severity="info",
         expr="verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share} and ${STEP_SLOWER}",
-        stay="${STEP_SLOWER}", for_="0s",
+        for_="30m",
         summary="Steps got twice as slow, and generation takes more than half of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and generation (timing_s/gen) "
         "takes ${PERCENT} of the step time.",
@@ -109,7 +110,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlActorUpdateBottleneck", severity="info",
         expr="verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}"
-        " and ${STEP_SLOWER}", stay="${STEP_SLOWER}", for_="0s",
+        " and ${STEP_SLOWER}", for_="30m",
         summary="Steps got twice as slow, and actor updates take more than 40% of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and the actor update "
         "(timing_s/update_actor) takes ${PERCENT} of the step time.",
@@ -122,9 +123,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlThroughputDropped", severity="warning",
-        expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
-        stay=steps("window_median", "verl_perf_throughput") + " < (1 + ${perf/throughput:drop_ratio}) / 2 * "
-        "${THROUGHPUT_BEFORE}", for_="0s",
+        expr="${THROUGHPUT_30M} < ${perf/throughput:drop_ratio} * max_over_time(${THROUGHPUT_30M}[6h:5m])", for_="15m",
         summary="Training throughput fell to half of the run's own earlier throughput.",
         description="Run ${RUN}: perf/throughput averaged ${NUMBER} tokens/s per GPU over 30 minutes, below "
         "${perf/throughput:drop_ratio} of the run's best 30-minute average of the last 6 hours.",
@@ -138,10 +137,9 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlActorMfuLow", severity="info",
-        expr=steps("recent_max", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
-        + steps("prior_mean", "verl_perf_mfu_actor"),
-        stay=steps("window_median", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
-        + steps("prior_mean", "verl_perf_mfu_actor"), for_="0s",
+        expr="quantile_over_time(0.5, verl_perf_mfu_actor[30m])"
+        " < ${perf/mfu/actor:drop_ratio} * quantile_over_time(0.9, verl_perf_mfu_actor[6h])"
+        " and ${RUN_MATCH} changes(verl_training_last_step[30m]) >= ${perf/mfu/actor:min_steps}", for_="30m",
         summary="Actor model FLOPs utilisation fell to half of the run's own.",
         description="Run ${RUN}: perf/mfu/actor has a median of ${PERCENT} over 30 minutes, under "
         "${perf/mfu/actor:drop_ratio} of its usual high (90th percentile) of the last 6 hours.",
@@ -156,7 +154,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlStepSlow", severity="info",
-        expr=STEP_SLOWER, stay=STEP_SLOWER, for_="0s",
+        expr=STEP_SLOWER, for_="30m",
         summary="Training steps take twice as long as earlier in the run.",
         description="Run ${RUN}: the median step of the last 30 minutes takes ${DURATION} (timing_s/step), over "
         "${timing_s/step:slowdown_ratio} times the median of the 6 hours before.",
