@@ -8,6 +8,7 @@ the exporter's own ``StepWindow``, taking each sample of the series as one step 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -53,16 +54,45 @@ def step_series(series: str, points: list[float | None]) -> list[dict]:
 
 
 def expand(path: Path, out_dir: Path) -> Path:
-    """``path`` written to ``out_dir`` with the step statistics of its watched series and absolute rule paths."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    data["rule_files"] = [str((path.parent / rule).resolve()) for rule in data.get("rule_files", [])]
-    for test in data.get("tests", []):
+    """``path`` written to ``out_dir`` with the step statistics of its watched series added to each
+    test's input series, and its rule files as absolute paths. The file is edited as text, so every
+    other value stays as written (YAML would read ``0x10`` as the number 16)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    inserts: list[tuple[int, list[str]]] = []
+    root = yaml.compose(text)
+    for test in _items(_get(root, "tests")):
+        sequence = _get(test, "input_series")
+        if sequence is None or not sequence.value:
+            continue
         added = []
-        for entry in test.get("input_series", []):
-            match = _SERIES.match(entry["series"].strip())
-            if match and match.group(1) in WATCHED:
-                added += step_series(entry["series"], values(entry["values"]))
-        test["input_series"] = test.get("input_series", []) + added
+        for entry in sequence.value:
+            series, points = _get(entry, "series"), _get(entry, "values")
+            match = _SERIES.match(series.value.strip()) if series is not None else None
+            if match and match.group(1) in WATCHED and points is not None:
+                added += step_series(series.value, values(points.value))
+        if added:
+            indent = " " * sequence.start_mark.column
+            block = [f"{indent}- series: {json.dumps(item['series'])}\n"
+                     f"{indent}  values: {item['values']}" for item in added]
+            inserts.append((sequence.start_mark.line, block))
+    for line, block in sorted(inserts, reverse=True):
+        lines[line:line] = block
+    out = "\n".join(lines)
+    for rule in _items(_get(root, "rule_files")):
+        out = out.replace(f"- {rule.value}\n", f"- {(path.parent / rule.value).resolve()}\n", 1)
+    if len(_items(_get(yaml.compose(out), "tests"))) != len(_items(_get(root, "tests"))):
+        raise ValueError(f"{path}: the expanded file does not hold the same tests")
     target = out_dir / path.name
-    target.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000), encoding="utf-8")
+    target.write_text(out, encoding="utf-8")
     return target
+
+
+def _get(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((value for name, value in node.value if name.value == key), None)
+
+
+def _items(node: yaml.Node | None) -> list:
+    return node.value if isinstance(node, yaml.SequenceNode) else []

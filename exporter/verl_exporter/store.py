@@ -148,9 +148,7 @@ class RunStore:
         """Add this step's value of each metric the rules judge in steps (``step_windows``)."""
         watched = self._watched
         for key, value in values.items():
-            target = watched.get(key, False)
-            if target is False:
-                target = self._watched_name(key)
+            target = watched[key] if key in watched else self._watched_name(key)
             if target is None:
                 continue
             name, scale = target

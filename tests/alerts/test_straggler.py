@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import step_series
 from servers import require_binary
 from verl_exporter import shipped
 from verl_exporter.alerting import nodes, render
@@ -64,6 +65,7 @@ def run_case(tmp_path: Path, prefix: str, change=lambda text: text) -> subproces
     folder = tmp_path / "tests" / "alerts"
     folder.mkdir(parents=True)
     (folder / TEST_FILE.name).write_text(yaml.safe_dump(tests))
+    step_series.expand(folder / TEST_FILE.name, folder)  # the step statistics the exporter would serve
     return subprocess.run([require_binary("promtool"), "test", "rules", TEST_FILE.name], cwd=folder,
                           capture_output=True, text=True, timeout=120)
 

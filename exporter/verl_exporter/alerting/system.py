@@ -19,8 +19,14 @@ THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brak
 THROTTLED = "|".join(THROTTLE_REASONS)
 
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
-# more than `stalled_steps` times the usual step time (the catalog's slowest healthy step when it is
-# unknown). Measured at the scrape (timestamp()), not at evaluation, so the scrape interval adds nothing.
+# more than `stalled_steps` times its longest step of the last 3 (of its steps so far while it has
+# fewer), and at least the catalog's slowest healthy step. A run that has not logged the time of a
+# step is not stalled: its first step (model loading, rollout start-up) may take over an hour, and
+# VerlTrainingNoFirstStep watches it. Measured at the scrape (timestamp()), not at evaluation, so the
+# scrape interval adds nothing.
+# The run's step time: its longest of the last 3 steps, of its steps so far while it has fewer.
+STEP_TIME = ('max without(metric) (verl_training_recent_max{metric="verl_timing_step_seconds"})'
+             ' or max without(metric) (verl_training_run_max{metric="verl_timing_step_seconds"})')
 # How long the run's checkpoint save has been running, for runs saving one now.
 SAVING_FOR = (
     "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)"
@@ -28,9 +34,7 @@ SAVING_FOR = (
 )
 STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
-    " > ${RUN_MATCH} (${timing_s/step:stalled_steps} * ("
-    "avg_over_time(verl_timing_step_seconds[1h])"
-    " or ${RUN_MATCH} (0 * verl_training_last_step_timestamp_seconds + ${timing_s/step:too_slow})))"
+    " > ${RUN_MATCH} clamp_min(${timing_s/step:stalled_steps} * (${STEP_TIME}), ${timing_s/step:too_slow})"
     " unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
     " unless ${RUN_MATCH} ${SAVING_FOR} < ${system:checkpoint_save_ceiling_seconds}"
 )

@@ -170,9 +170,9 @@ class TrainingCollector:
                     families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
         for name, window in sorted(state.windows.items()):
             for stat in step_windows.WATCHED.get(name, ()):
-                value = window.stat(stat)
-                if value is not None:
-                    families[f"steps_{stat}"].add_metric(run + [name], value)
+                statistic = window.stat(stat)
+                if statistic is not None:
+                    families[f"steps_{stat}"].add_metric(run + [name], statistic)
         out = {key: family for key, family in families.items() if family.samples}
         for (name, label_values), (resolved, value) in (state.series.items() if logged else ()):
             family = out.get(name)

@@ -201,7 +201,8 @@ def split_by_block(openmetrics: Path) -> list[Path]:
     """``openmetrics`` as one file per 2-hour block window of its samples (itself when it has one)."""
     windows: dict[int, list[str]] = {}
     header: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
-    family, seen = "", {}  # seen: window -> the last family whose header it got
+    family = ""
+    seen: dict[int, str] = {}  # window -> the last family whose header it got
     with openmetrics.open(encoding="utf-8") as lines:
         for line in lines:
             if line.startswith("#"):

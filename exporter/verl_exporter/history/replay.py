@@ -282,7 +282,8 @@ def inline(alerts: list[AlertRule], groups: list[dict]) -> tuple[list[AlertRule]
 
     def replaced(expr: str) -> str:
         for name, body in simple.items():
-            expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:{{\[])(?!\s*\[)", lambda _m: f"({body})", expr)
+            expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:{{\[])(?!\s*\[)", f"({body})".replace("\\", "\\\\"),
+                          expr)
         return expr
 
     alerts = [dataclasses.replace(rule, expr=replaced(rule.expr)) for rule in alerts]
