@@ -1,0 +1,78 @@
+"""Step statistics: each served over the run's own steps, only once its window is full."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from verl_exporter.catalog import default_catalog
+from verl_exporter.collectors.training import TrainingCollector
+from verl_exporter.records import Record, RunKey
+from verl_exporter.step_windows import STATS, WATCHED, StepWindow
+from verl_exporter.store import RunStore
+
+RUN = RunKey("gsm8k", "steps")
+
+
+def window_of(values: list[float]) -> StepWindow:
+    window = StepWindow()
+    for step, value in enumerate(values, start=1):
+        window.add(step, value)
+    return window
+
+
+def test_each_statistic_over_its_own_steps():
+    values = [float(v) for v in range(1, 26)]  # steps 1..25
+    window = window_of(values)
+    assert window.stat("recent_min") == 23 and window.stat("recent_max") == 25
+    assert window.stat("window_median") == statistics.median(values[-10:])
+    assert window.stat("window_mean") == pytest.approx(sum(values[-10:]) / 10)
+    assert window.stat("prior_mean") == pytest.approx(sum(values[-20:-10]) / 10)
+    assert window.stat("prior_stddev") == pytest.approx(statistics.pstdev(values[-20:-10]))
+    assert window.stat("early_median") == statistics.median(values[:10])
+    assert (window.stat("run_max"), window.stat("run_min")) == (25, 1)
+
+
+@pytest.mark.parametrize("stat", sorted(STATS))
+def test_a_statistic_is_absent_until_its_window_is_full(stat):
+    needed = STATS[stat][0]
+    assert window_of([1.0] * (needed - 1)).stat(stat) is None or needed == 1
+    assert window_of([1.0] * needed).stat(stat) == (0.0 if stat == "prior_stddev" else 1.0)
+
+
+def test_a_second_value_of_a_step_replaces_the_first_and_non_finite_values_are_left_out():
+    window = StepWindow()
+    window.add(1, 5.0)
+    window.add(1, 2.0)  # validation logged at the same step: one step, its last value
+    window.add(2, math.nan)
+    window.add(3, math.inf)
+    window.add(4, 3.0)
+    assert [value for _, value in window.last] == [2.0, 3.0]
+    assert window.early == [2.0, 3.0]
+
+
+def test_the_store_serves_them_in_base_units_for_any_spelling_and_text_values():
+    store = RunStore(default_catalog())
+    for step in range(1, 11):  # an old spelling, as text; milliseconds per token in seconds per step
+        store.ingest(Record(RUN, step, {"actor/entropy_loss": str(1.0 / step), "timing_s/step": "30"},
+                            time=60.0 * step))
+    families = {family.name: family for family in TrainingCollector(store).collect()}
+    recent = {s.labels["metric"]: s.value for s in families["verl_training_recent_max"].samples}
+    assert recent["verl_actor_entropy"] == pytest.approx(1 / 8)
+    assert recent["verl_timing_step_seconds"] == 30.0
+    median = {s.labels["metric"]: s.value for s in families["verl_training_window_median"].samples}
+    assert median["verl_actor_entropy"] == pytest.approx(statistics.median(1 / s for s in range(1, 11)))
+    assert "verl_training_prior_mean" not in families or not families["verl_training_prior_mean"].samples
+
+
+def test_only_the_declared_statistics_of_each_watched_metric_are_served():
+    store = RunStore(default_catalog())
+    for step in range(1, 25):
+        store.ingest(Record(RUN, step, {"critic/score/max": 1.0, "actor/pg_clipfrac": 0.1}, time=float(step)))
+    served = {(family.name.removeprefix("verl_training_"), sample.labels["metric"])
+              for family in TrainingCollector(store).collect() if family.name.startswith("verl_training_")
+              for sample in family.samples if "metric" in sample.labels}
+    assert served == {(stat, name) for name in ("verl_critic_score_max", "verl_actor_pg_clipfrac")
+                      for stat in WATCHED[name]}
