@@ -52,6 +52,7 @@ class RunState:
     finished: bool = False
     values: dict[str, float | str] = field(default_factory=dict)
     nonfinite: Counter = field(default_factory=Counter)
+    nonfinite_step: dict[str, int] = field(default_factory=dict)  # verl key -> the step of its latest NaN/Inf
     dropped_keys: set[str] = field(default_factory=set)  # the first DROPPED_SAMPLE keys the cap refused
     dropped_unremembered: int = 0  # the other distinct keys the cap refused (counted, not kept)
     dropped_bits: bytearray | None = None  # of those, by hash: linear counting
@@ -74,6 +75,7 @@ class RunState:
     checkpoint: CheckpointState | None = None  # once the run started saving a checkpoint
     started_at: float | None = None  # when the run's first line was written (config print or first step)
     log_errors: Counter = field(default_factory=Counter)  # errors its log showed, by kind
+    error_step: dict[str, int] = field(default_factory=dict)  # kind -> the run's step when it was last seen
     error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
 
@@ -88,6 +90,7 @@ class RunState:
             values=dict(self.values),
             dropped_unremembered=self.dropped_unremembered,
             nonfinite=Counter(self.nonfinite),
+            nonfinite_step=dict(self.nonfinite_step),
             dropped_keys=set(self.dropped_keys),
             owner=self.owner,
             owner_at=self.owner_at,
@@ -103,6 +106,7 @@ class RunState:
             checkpoint=dataclasses.replace(self.checkpoint) if self.checkpoint else None,
             started_at=self.started_at,
             log_errors=Counter(self.log_errors),
+            error_step=dict(self.error_step),
             error_lines=list(self.error_lines),
             windows={name: window.copy() for name, window in self.windows.items()},
         )

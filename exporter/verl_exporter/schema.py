@@ -202,6 +202,9 @@ TRAINING_RUN = _by_key(
                       (*RUN, "key"), optional=True)),
     ("nonfinite", _counter("verl_training_nonfinite_values", "NaN or Inf values logged by the run, per verl key.",
                            (*RUN, "key"))),
+    ("nonfinite_step", _gauge("verl_training_nonfinite_last_step",
+                              "The run's step at which a NaN or Inf of the verl key was last logged.", (*RUN, "key"),
+                              optional=True)),
     ("dropped", _counter("verl_training_series_dropped",
                          "verl keys of the run not exported because the run reached its series cap (distinct keys, "
                          "counted without keeping them: estimated beyond a few thousand).", RUN)),
@@ -213,6 +216,10 @@ TRAINING_RUN = _by_key(
         "verl_training_log_errors",
         "Errors the run's log shows, in the lines of any of its actors (kind: cuda_oom, nccl_timeout, segfault, "
         "ray_actor_died, traceback).", (*RUN, "kind"), optional=True)),
+    ("log_errors_step", _gauge(
+        "verl_training_log_errors_last_step",
+        "The run's last step when its log last showed an error of the kind (0 before its first step).",
+        (*RUN, "kind"), optional=True)),
     ("checkpoint_saving", _gauge(
         "verl_checkpoint_saving",
         "1 while the run saves a checkpoint (from verl's local_global_step_folder line to the next step), else 0.",

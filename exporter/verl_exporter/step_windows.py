@@ -11,7 +11,10 @@ metric, statistics over a fixed number of the run's own steps (in the metric's b
     verl_training_window_mean{project,experiment,metric}    mean of the last 10 steps
     verl_training_prior_mean{project,experiment,metric}     mean of the 10 steps before those
     verl_training_prior_stddev{project,experiment,metric}   their standard deviation
+    verl_training_long_mean{project,experiment,metric}      mean of the last 30 steps
+    verl_training_long_prior_mean{project,experiment,metric} mean of the 30 steps before those
     verl_training_early_median{project,experiment,metric}   median of the run's first 10 steps
+    verl_training_best_window_mean{project,experiment,metric} highest mean of 10 steps in a row so far
     verl_training_run_max{project,experiment,metric}        highest value of every step so far
     verl_training_run_min{project,experiment,metric}        lowest value of every step so far
 
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 RECENT = 3  # "held": the condition at each of the last RECENT steps
 WINDOW = 10  # "half-true": the median of the last WINDOW steps; also the trend windows
 EARLY = 10  # the run's baseline: its first EARLY steps
+LONG = 30  # slow trends (plateaus): the last LONG steps against the LONG before
 
 # statistic -> (steps it needs, what it is), in the order served.
 STATS = {
@@ -43,7 +47,10 @@ STATS = {
     "window_mean": (WINDOW, f"Mean of the run's last {WINDOW} steps"),
     "prior_mean": (2 * WINDOW, f"Mean of the {WINDOW} steps before the run's last {WINDOW}"),
     "prior_stddev": (2 * WINDOW, f"Standard deviation of the {WINDOW} steps before the run's last {WINDOW}"),
+    "long_mean": (LONG, f"Mean of the run's last {LONG} steps"),
+    "long_prior_mean": (2 * LONG, f"Mean of the {LONG} steps before the run's last {LONG}"),
     "early_median": (EARLY, f"Median of the run's first {EARLY} steps"),
+    "best_window_mean": (WINDOW, f"Highest mean of {WINDOW} consecutive steps of the run so far"),
     "run_max": (1, "Highest value of every step of the run so far"),
     "run_min": (1, "Lowest value of every step of the run so far"),
 }
@@ -52,17 +59,18 @@ _ALL = frozenset(STATS)
 _HELD = frozenset({"recent_min", "recent_max", "window_median"})
 _TREND = frozenset({"window_mean", "prior_mean"})
 _SPREAD = frozenset({"prior_mean", "prior_stddev"})
+_PLATEAU = frozenset({"long_mean", "long_prior_mean"})
 
 # The metrics the rules judge in steps (served names), and the statistics read of each.
 WATCHED: dict[str, frozenset[str]] = {
     "verl_actor_pg_clipfrac": _HELD,
     "verl_actor_ppo_kl": _HELD | _SPREAD,
-    "verl_actor_entropy": _ALL,
+    "verl_actor_entropy": _HELD | {"early_median"} | _PLATEAU,
     "verl_actor_kl_loss": _HELD,
     "verl_actor_grad_norm": _HELD | _SPREAD,
     "verl_actor_pg_loss": _HELD | _SPREAD,
     "verl_critic_grad_norm": _HELD,
-    "verl_critic_vf_explained_var": _HELD,
+    "verl_critic_vf_explained_var": _HELD | _TREND,
     "verl_critic_vf_loss": _HELD | _TREND | _SPREAD,
     "verl_critic_vf_clipfrac": _HELD,
     "verl_critic_vpred_mean": frozenset({"window_median"}),
@@ -70,7 +78,7 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_critic_advantages_mean": _HELD,
     "verl_critic_advantages_max": _HELD | {"run_max"},
     "verl_critic_advantages_min": _HELD | {"run_min"},
-    "verl_critic_score_mean": _ALL,
+    "verl_critic_score_mean": _HELD | _TREND | _SPREAD | _PLATEAU | {"best_window_mean", "early_median"},
     "verl_critic_score_max": frozenset({"run_max"}),
     "verl_critic_score_min": frozenset({"run_min"}),
     "verl_critic_rewards_mean": _HELD | _SPREAD,
@@ -92,6 +100,7 @@ class StepWindow:
     early: list = field(default_factory=list)
     high: float = -math.inf
     low: float = math.inf
+    best_mean: float = -math.inf  # the highest mean of WINDOW steps in a row
 
     def add(self, step: int, value: float) -> None:
         """The metric's value at ``step``; a second value of the same step replaces the first."""
@@ -108,9 +117,11 @@ class StepWindow:
                 self.early.append(value)
         self.high = max(self.high, value)
         self.low = min(self.low, value)
+        if len(last) >= WINDOW:
+            self.best_mean = max(self.best_mean, math.fsum(v for _, v in list(last)[-WINDOW:]) / WINDOW)
 
     def copy(self) -> "StepWindow":
-        return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low)
+        return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low, self.best_mean)
 
     def stat(self, name: str) -> float | None:
         """Statistic ``name`` of ``STATS``, or None while the run has too few steps of it."""
@@ -128,8 +139,14 @@ class StepWindow:
             return math.fsum(values[-WINDOW:]) / WINDOW
         if name == "prior_mean":
             return math.fsum(values[-2 * WINDOW:-WINDOW]) / WINDOW
+        if name == "long_mean":
+            return math.fsum(values[-LONG:]) / LONG
+        if name == "long_prior_mean":
+            return math.fsum(values[-2 * LONG:-LONG]) / LONG
         if name == "prior_stddev":
             return statistics.pstdev(values[-2 * WINDOW:-WINDOW])
+        if name == "best_window_mean":
+            return self.best_mean
         if name == "early_median":
             return statistics.median(self.early) if len(self.early) >= EARLY else None
         return self.high if name == "run_max" else self.low

@@ -109,6 +109,7 @@ class RunStore:
                 return
             if record.error is not None:
                 state.log_errors[record.error] += 1
+                state.error_step[record.error] = state.last_step if state.last_step is not None else 0
                 state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
                 return
             if state.checkpoint is not None and state.checkpoint.saving and (
@@ -143,6 +144,7 @@ class RunStore:
                 for key, value in values.items():
                     if not isinstance(value, str) and value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
+                        state.nonfinite_step[key] = record.step
 
     def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
         """Add this step's value of each metric the rules judge in steps (``step_windows``)."""
@@ -428,4 +430,5 @@ class RunStore:
                 continue
             if number - number != 0:
                 state.nonfinite[key] += 1
+                state.nonfinite_step[key] = state.last_step if state.last_step is not None else 0
             state.values[key] = number

@@ -26,6 +26,7 @@ from types import ModuleType
 
 from verl_exporter.catalog import Catalog
 from verl_exporter.durations import format_duration, parse_duration
+from verl_exporter.step_windows import WATCHED
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -75,6 +76,9 @@ class Alert:
     fix: str
     guide: str = ""
     held: str = ""  # how long the expression itself requires the condition (a window), before ``for_``
+    # Hysteresis: once firing, the alert stays firing while ``stay`` holds (a looser condition, e.g.
+    # over the last 10 steps rather than each of the last 3), so one incident is one notification.
+    stay: str = ""
     evidence: bool = False  # the exporter captures evidence of this stop: link /debug/evidence
 
     def __post_init__(self) -> None:
@@ -87,9 +91,14 @@ class Alert:
         parse_duration(self.for_)
         if self.held:
             parse_duration(self.held)
+        if self.stay and parse_duration(self.for_):
+            raise ValueError(f"{self.name}: an alert with a `stay` condition fires at once (its window is in steps)")
 
     def wait(self) -> str:
         """How long the condition must hold before the alert fires, as the runbook says it."""
+        if self.stay:
+            return "the run's own steps (each of the last 3, or a trend over 10); stays firing while " \
+                "about half of the last 10 steps hold"
         wait = self.for_ if parse_duration(self.for_) else "at once"
         return f"{self.held} (window in the expression), then {wait}" if self.held else wait
 
@@ -113,9 +122,37 @@ class Group:
 
     def __post_init__(self) -> None:
         if self.interval:
-            shortest = min((parse_duration(alert.for_) for alert in self.alerts), default=None)
+            shortest = min((parse_duration(alert.for_) for alert in self.alerts if not alert.stay), default=None)
             if shortest is not None and shortest < 5 * parse_duration(self.interval):
                 raise ValueError(f"{self.name}: a `for` of {shortest:g}s is too short for interval {self.interval}")
+
+
+# Step statistics (step_windows.py), by the words the rules use.
+HELD_STATS = {">": "recent_min", "<": "recent_max"}  # the condition at each of the last 3 steps
+
+
+def steps(stat: str, metric: str) -> str:
+    """The run's statistic ``stat`` (step_windows.STATS) of ``metric``, labelled as the run's
+    series are (the ``metric`` label dropped, so statistics of two metrics compare directly)."""
+    if stat not in WATCHED.get(metric, ()):
+        raise KeyError(f"step statistic {stat} of {metric} is not served: add it to step_windows.WATCHED")
+    return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
+
+
+def held(metric: str, op: str, threshold: str) -> str:
+    """``metric`` ``op`` (> or <) ``threshold`` at each of the run's last 3 steps."""
+    return f"{steps(HELD_STATS[op], metric)} {op} {threshold}"
+
+
+def mostly(metric: str, op: str, threshold: str) -> str:
+    """``metric`` ``op`` ``threshold`` at about half of the run's last 10 steps (their median):
+    the looser condition an alert stays firing on."""
+    return f"{steps('window_median', metric)} {op} {threshold}"
+
+
+def firing(alert: str) -> str:
+    """The alert ``alert`` firing for the same run, as Prometheus' ALERTS series shows it."""
+    return f'{RUN_MATCH} ALERTS{{alertname="{alert}", alertstate="firing"}}'
 
 
 def scale_duration(text: str, scale: float, minimum: float) -> str:

@@ -70,6 +70,9 @@ def anchor(alert: Alert) -> str:
 def full_expr(alert: Alert, group: Group) -> str:
     """The alert's expression; per-run alerts stop once the run has finished."""
     expr = model.expand(alert.expr, FRAGMENTS)
+    if alert.stay:
+        stay = model.expand(alert.stay, FRAGMENTS)
+        expr = f"({expr}) or ({stay} and {model.firing(alert.name)})"
     if group.training:
         if " or " in expr:
             expr = f"({expr})"

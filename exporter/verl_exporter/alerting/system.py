@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, sub
+from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, steps, sub
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -21,13 +21,12 @@ THROTTLED = "|".join(THROTTLE_REASONS)
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
 # more than `stalled_steps` times its longest step of the last 3 (of its steps so far while it has
 # fewer), and at least the catalog's slowest healthy step. A run that has not logged the time of a
-# step is not stalled: its first step (model loading, rollout start-up) may take over an hour, and
+# step yet is not stalled: its first step (model loading, rollout start-up) may take over an hour;
 # VerlTrainingNoFirstStep watches it. Measured at the scrape (timestamp()), not at evaluation, so the
 # scrape interval adds nothing.
-# The run's step time: its longest of the last 3 steps, of its steps so far while it has fewer.
-STEP_TIME = ('max without(metric) (verl_training_recent_max{metric="verl_timing_step_seconds"})'
-             ' or max without(metric) (verl_training_run_max{metric="verl_timing_step_seconds"})')
 # How long the run's checkpoint save has been running, for runs saving one now.
+STEP_TIME = (steps("recent_max", "verl_timing_step_seconds") + " or "
+             + steps("run_max", "verl_timing_step_seconds"))
 SAVING_FOR = (
     "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)"
     " and verl_checkpoint_saving == 1)"
@@ -36,20 +35,18 @@ STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
     " > ${RUN_MATCH} clamp_min(${timing_s/step:stalled_steps} * (${STEP_TIME}), ${timing_s/step:too_slow})"
     " unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
-    " unless ${RUN_MATCH} ${SAVING_FOR} < ${system:checkpoint_save_ceiling_seconds}"
+    " unless ${RUN_MATCH} ${SAVING_FOR} < ${RUN_MATCH} clamp_min(${system:checkpoint_save_ceiling_steps}"
+    " * (${STEP_TIME}), ${system:checkpoint_save_ceiling_seconds})"
 )
 
-# The guide's problem 4, slow training, told against the run's own earlier steps: the median step of
-# the last 30 minutes over twice the median of the 6 hours before.
-STEP_SLOWER = (
-    "quantile_over_time(0.5, verl_timing_step_seconds[30m])"
-    " > ${timing_s/step:slowdown_ratio} * quantile_over_time(0.5, verl_timing_step_seconds[6h] offset 30m)"
-    " and ${RUN_MATCH} changes(verl_training_last_step[6h] offset 30m) >= ${timing_s/step:baseline_steps}"
-)
+# The guide's problem 4, slow training, told against the run's own earlier steps: the median of the
+# last 10 steps over twice the mean of the 10 before.
+STEP_SLOWER = (steps("window_median", "verl_timing_step_seconds") + " > ${timing_s/step:slowdown_ratio} * "
+               + steps("prior_mean", "verl_timing_step_seconds"))
 
 XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
-# The run's throughput averaged over 30 minutes (VerlThroughputDropped compares it with its best).
-THROUGHPUT_30M = "avg_over_time(verl_perf_throughput[30m])"
+# The run's throughput before: the mean of the 10 steps before the last 10.
+THROUGHPUT_BEFORE = steps("prior_mean", "verl_perf_throughput")
 UNFINISHED = "unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
 # The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
 RUN_GPUS = (run_query("project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}")
@@ -88,6 +85,12 @@ HANGS_IN = (run_query("verl_evidence_top_frame_info{project=%q,experiment=%q}")
             + " The job hangs in {{ . | first | label \"frame\" }}.{{ end }}")
 
 
+def _within_steps(selector: str, steps: str) -> str:
+    """Gauge ``selector`` (the run's step of an event) within the run's last ``steps`` steps; its value that step."""
+    return sub("${selector} > ${RUN_MATCH} group_left() (verl_training_last_step - ${steps})",
+               selector=selector, steps=steps)
+
+
 def _new_or_increased(selector: str, window: str) -> str:
     """Counter ``selector`` rose within ``window``, or appeared (above 0) within it."""
     return sub("increase(${selector}[${window}]) > 0 or (${selector} > 0 unless ${selector} offset ${window})",
@@ -98,7 +101,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlGenerationBottleneck", severity="info",
         expr="verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share} and ${STEP_SLOWER}",
-        for_="30m",
+        stay="${STEP_SLOWER}", for_="0s",
         summary="Steps got twice as slow, and generation takes more than half of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and generation (timing_s/gen) "
         "takes ${PERCENT} of the step time.",
@@ -114,7 +117,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlActorUpdateBottleneck", severity="info",
         expr="verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}"
-        " and ${STEP_SLOWER}", for_="30m",
+        " and ${STEP_SLOWER}", stay="${STEP_SLOWER}", for_="0s",
         summary="Steps got twice as slow, and actor updates take more than 40% of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and the actor update "
         "(timing_s/update_actor) takes ${PERCENT} of the step time.",
@@ -127,7 +130,9 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlThroughputDropped", severity="warning",
-        expr="${THROUGHPUT_30M} < ${perf/throughput:drop_ratio} * max_over_time(${THROUGHPUT_30M}[6h:5m])", for_="15m",
+        expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
+        stay=steps("window_median", "verl_perf_throughput") + " < (1 + ${perf/throughput:drop_ratio}) / 2 * "
+        "${THROUGHPUT_BEFORE}", for_="0s",
         summary="Training throughput fell to half of the run's own earlier throughput.",
         description="Run ${RUN}: perf/throughput averaged ${NUMBER} tokens/s per GPU over 30 minutes, below "
         "${perf/throughput:drop_ratio} of the run's best 30-minute average of the last 6 hours.",
@@ -141,9 +146,10 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlActorMfuLow", severity="info",
-        expr="quantile_over_time(0.5, verl_perf_mfu_actor[30m])"
-        " < ${perf/mfu/actor:drop_ratio} * quantile_over_time(0.9, verl_perf_mfu_actor[6h])"
-        " and ${RUN_MATCH} changes(verl_training_last_step[30m]) >= ${perf/mfu/actor:min_steps}", for_="30m",
+        expr=steps("recent_max", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
+        + steps("prior_mean", "verl_perf_mfu_actor"),
+        stay=steps("window_median", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
+        + steps("prior_mean", "verl_perf_mfu_actor"), for_="0s",
         summary="Actor model FLOPs utilisation fell to half of the run's own.",
         description="Run ${RUN}: perf/mfu/actor has a median of ${PERCENT} over 30 minutes, under "
         "${perf/mfu/actor:drop_ratio} of its usual high (90th percentile) of the last 6 hours.",
@@ -158,7 +164,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlStepSlow", severity="info",
-        expr=STEP_SLOWER, for_="30m",
+        expr=STEP_SLOWER, stay=STEP_SLOWER, for_="0s",
         summary="Training steps take twice as long as earlier in the run.",
         description="Run ${RUN}: the median step of the last 30 minutes takes ${DURATION} (timing_s/step), over "
         "${timing_s/step:slowdown_ratio} times the median of the 6 hours before.",
@@ -211,10 +217,12 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlCheckpointSaveSlow", severity="warning",
-        expr="${SAVING_FOR} > ${RUN_MATCH} clamp_min(${system:checkpoint_save_slow_ratio}"
+        expr="(${SAVING_FOR} > ${RUN_MATCH} clamp_min(${system:checkpoint_save_slow_ratio}"
         " * verl_checkpoint_last_save_duration_seconds, ${system:checkpoint_save_slow_seconds})"
         " or (${SAVING_FOR} > ${system:checkpoint_save_slow_seconds}"
-        " unless ${RUN_MATCH} verl_checkpoint_last_save_duration_seconds)", for_="5m",
+        " unless ${RUN_MATCH} verl_checkpoint_last_save_duration_seconds))"
+        " and ${RUN_MATCH} (${SAVING_FOR} > ${RUN_MATCH} ${system:checkpoint_save_slow_steps} * (${STEP_TIME})"
+        " or ${SAVING_FOR} unless ${RUN_MATCH} (${STEP_TIME}))", for_="5m",
         summary="A checkpoint save runs far longer than the run's saves before.",
         description="Run ${RUN}: a checkpoint save has run for ${DURATION}, over an hour and over "
         "${system:checkpoint_save_slow_ratio} times the run's previous save.",
@@ -280,9 +288,12 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingNonFinite", severity="critical",
-        expr=_new_or_increased('verl_training_nonfinite_values_total{key=~".*(loss|grad_norm).*"}', "15m"), for_="0m",
+        expr=_within_steps('verl_training_nonfinite_last_step{key=~".*(loss|grad_norm).*"}', "${system:recent_steps}"),
+        stay=_within_steps('verl_training_nonfinite_last_step{key=~".*(loss|grad_norm).*"}',
+                           "2 * ${system:recent_steps}"), for_="0m",
         summary="A loss or gradient norm of the run is NaN or Inf.",
-        description="Run ${RUN}: {{ $labels.key }} was NaN or Inf (${NUMBER} new values in 15 minutes).",
+        description="Run ${RUN}: {{ $labels.key }} was NaN or Inf at step {{ $value }}, within the run's last "
+        "${system:recent_steps} steps.",
         meaning="A NaN or Inf loss or gradient norm means the weights are or will be corrupted; training cannot "
         "recover by itself.",
         fix="Stop the run and restart from the last good checkpoint with a lower "
@@ -309,11 +320,13 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingLogErrors", severity="warning",
-        expr="(" + _new_or_increased('verl_training_log_errors_total{kind!="cuda_oom"}', "15m") + ")"
-        " and ${RUN_MATCH} (verl_training_last_step offset 15m) ${UNFINISHED}", for_="0m",
+        expr=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}', "${system:recent_steps}")
+        + " >= 1 ${UNFINISHED}",
+        stay=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}', "2 * ${system:recent_steps}")
+        + " >= 1 ${UNFINISHED}", for_="0m",
         summary="The log of a running run shows errors (NCCL timeout, segfault, dead Ray actor, traceback).",
-        description="Run ${RUN}: its log shows ${NUMBER} new {{ $labels.kind }} errors in 15 minutes, while the run "
-        "is stepping.",
+        description="Run ${RUN}: its log showed {{ $labels.kind }} errors at step {{ $value }}, within the run's "
+        "last ${system:recent_steps} steps, while the run is stepping.",
         meaning="A worker or the trainer of a run that has been stepping printed an error: `nccl_timeout` (a "
         "collective timed out: a rank hangs or died), `segfault`, `ray_actor_died` (a worker is gone) or "
         "`traceback` (an exception; Ray prints handled ones too, so a few can be harmless). Errors before "

@@ -5,51 +5,57 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import PER_STEP_INTERVAL, Alert, Group, sub
+from .model import PER_STEP_INTERVAL, Alert, Group, held, mostly, steps, sub
 from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
 WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
-# "For an hour" held in the expression, not in a `for` of 1h: a run whose value has only just
-# crossed is not a pending alert, whose annotations Prometheus would expand at every evaluation.
-HELD = "1h"
-HELD_FOR = "5m"
-WARMED_ACTOR_HELD = "verl_training_last_step offset ${HELD} >= ${actor/pg_clipfrac:warmup_steps}"
-WARMED_CRITIC_HELD = "verl_training_last_step offset ${HELD} >= ${critic/vf_explained_var:warmup_steps}"
+# Windows are the run's own steps (step_windows.py), never minutes: "held" is each of the last 3
+# steps, an alert stays firing while the condition holds at about half of the last 10 (``stay``),
+# trends compare the mean of the last 10 steps with the 10 before.
+HELD = "3 steps"
+SCORE = "verl_critic_score_mean"
 
 
-def held_below(series: str, threshold: str) -> str:
-    """``series`` below ``threshold`` at every sample of the last hour; the value is its highest."""
-    return sub("max_over_time(${series}[${HELD}]) < ${threshold}", series=series, threshold=threshold)
-
-
-# Mean score of the last hour minus the mean of the hour before (needs two hours of data).
-SCORE_GAIN = "(avg_over_time(verl_critic_score_mean[1h]) - avg_over_time(verl_critic_score_mean[1h] offset 1h))"
-# The score of the last 30 minutes did not rise over the 30 minutes before.
-SCORE_STALLED = ("avg_over_time(verl_critic_score_mean[30m]) - avg_over_time(verl_critic_score_mean[30m] offset 30m)"
-                 " < ${critic/score/mean:min_gain}")
-# The score's range over 6 hours, from the batches' best and worst sequence scores.
-SCORE_RANGE = "(max_over_time(verl_critic_score_max[6h]) - min_over_time(verl_critic_score_min[6h]))"
+# Mean score of the last 10 steps minus the mean of the 10 before (needs 20 steps).
+SCORE_GAIN = f"({steps('window_mean', SCORE)} - {steps('prior_mean', SCORE)})"
+# The same over the last 30 steps and the 30 before (needs 60): a plateau, told from noise.
+SCORE_LONG_GAIN = f"({steps('long_mean', SCORE)} - {steps('long_prior_mean', SCORE)})"
+SCORE_STALLED = "${SCORE_GAIN} < ${critic/score/mean:min_gain}"
+# The score's range over the run, from the batches' best and worst sequence scores.
+SCORE_RANGE = (f"({steps('run_max', 'verl_critic_score_max')} - {steps('run_min', 'verl_critic_score_min')})")
 # The middle of that range: below it the score is in the lower half of what the batches scored.
-SCORE_MIDDLE = "(min_over_time(verl_critic_score_min[6h]) + ${critic/score/mean:low_share} * ${SCORE_RANGE})"
-SCORE_LOW = "verl_critic_score_mean < ${SCORE_MIDDLE}"
-# Converged near its best: the last hour's mean within a tenth of that range of the best step of 6
-# hours, and in the upper half of the range (a run that never learned is also "at its best").
-NEAR_BEST = ("(avg_over_time(verl_critic_score_mean[1h]) >= max_over_time(verl_critic_score_mean[6h])"
+SCORE_MIDDLE = f"({steps('run_min', 'verl_critic_score_min')} + ${{critic/score/mean:low_share}} * ${{SCORE_RANGE}})"
+SCORE_LOW = f"{steps('window_median', SCORE)} < ${{SCORE_MIDDLE}}"
+# Converged near its best: the last 10 steps' mean within a tenth of that range of the run's best 10
+# steps in a row, and in the upper half of the range or a fifth of it above the run's first 10 steps
+# (a run that never learned is also "at its best").
+NEAR_BEST = (f"({steps('window_mean', SCORE)} >= {steps('best_window_mean', SCORE)}"
              " - ${critic/score/mean:near_best_share} * ${SCORE_RANGE}"
-             " and avg_over_time(verl_critic_score_mean[1h]) >= ${SCORE_MIDDLE})")
-# Some value of the hour was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of 0.000
-# every step says nothing about how small it really was.
-RESOLVED_KL = "(max_over_time(verl_actor_ppo_kl[${HELD}]) > 0 or min_over_time(verl_actor_ppo_kl[${HELD}]) < 0)"
+             f" and ({steps('window_mean', SCORE)} >= ${{SCORE_MIDDLE}}"
+             f" or {steps('window_mean', SCORE)} - {steps('early_median', SCORE)}"
+             " >= ${critic/score/mean:learned_share} * ${SCORE_RANGE}))")
+# Some value of the last steps was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of
+# 0.000 every step says nothing about how small it really was.
+RESOLVED_KL = (f"({steps('recent_max', 'verl_actor_ppo_kl')} > 0 or {steps('recent_min', 'verl_actor_ppo_kl')} < 0)")
 
 
-def grad_pinned(metric: str, clip: str, tolerance: str) -> str:
-    """``metric`` within ``tolerance`` (relative) of the run's own grad_clip (recording rule ``clip``)."""
-    return sub("abs(${metric} - ${RUN_MATCH} ${clip}) <= ${RUN_MATCH} (${tolerance} * ${clip})",
-               metric=metric, clip=clip, tolerance=tolerance)
+def grad_pinned(metric: str, clip: str, tolerance: str, held_stats: tuple[str, str]) -> str:
+    """``metric``'s statistics ``held_stats`` (low, high) within ``tolerance`` (relative) of the run's
+    own grad_clip (recording rule ``clip``)."""
+    low, high = (steps(stat, metric) for stat in held_stats)
+    return sub("${low} >= ${RUN_MATCH} ((1 - ${tolerance}) * ${clip}) and ${high} <= ${RUN_MATCH} ((1 + ${tolerance}) * ${clip})",
+               low=low, high=high, clip=clip, tolerance=tolerance)
 
 
-GRAD_PINNED = grad_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad_norm:pinned_tolerance}")
+def grad_mostly_pinned(metric: str, clip: str, tolerance: str) -> str:
+    """The median of ``metric``'s last 10 steps within ``tolerance`` of the run's grad_clip."""
+    return grad_pinned(metric, clip, tolerance, ("window_median", "window_median"))
+
+
+GRAD_PINNED = grad_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad_norm:pinned_tolerance}",
+                          ("recent_min", "recent_max"))
+GRAD_MOSTLY_PINNED = grad_mostly_pinned("verl_actor_grad_norm", ACTOR_GRAD_CLIP, "${actor/grad_norm:pinned_tolerance}")
 # "Frozen" and "conservative" mean something only when the policy is updated more than once per
 # rollout: on-policy (ppo_epochs 1, one mini-batch per batch) has pg_clipfrac and ppo_kl at 0 by
 # construction. Runs whose config is unknown are left out too (no series).
@@ -60,12 +66,27 @@ CLIP_RATIO = quote("actor_rollout_ref.actor.clip_ratio", "${setting:actor_rollou
 # value, and a `query` in a description runs at every evaluation of every pending alert.
 MAX_RESPONSE = quote("data.max_response_length", "(unknown: the run's config is not known)")
 MAX_PROMPT = quote("data.max_prompt_length", "(unknown: the run's config is not known)")
+# Entropy's mean over the last 30 steps within a few percent of the 30 steps before.
+ENTROPY_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')} - {steps('long_prior_mean', 'verl_actor_entropy')})"
+                f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{actor/entropy:flat_change_ratio}}")
+ENTROPY_ABOUT_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')}"
+                      f" - {steps('long_prior_mean', 'verl_actor_entropy')})"
+                      f" / {steps('long_prior_mean', 'verl_actor_entropy')} < 2 * ${{actor/entropy:flat_change_ratio}}")
+# The critic's loss over the last 10 steps has not fallen by its share from the 10 steps before.
+VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic/vf_loss:min_drop_ratio}})"
+                f" * {steps('prior_mean', 'verl_critic_vf_loss')}")
+# The critic's values and the returns apart at about half of the last 10 steps (their medians).
+VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')} - {steps('window_median', 'verl_critic_returns_mean')})"
+             " > ${critic/vpred_mean:max_gap_to_returns}")
+# Entropy not collapsed (that is VerlEntropyCollapsing's and VerlPrematureConvergence's to tell).
+ENTROPY_LEFT = steps("recent_min", "verl_actor_entropy") + " > ${actor/entropy:collapsed}"
 HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
 
 ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (policy network)", alerts=(
     Alert(
         name="VerlPolicyUpdateAggressive", severity="warning",
-        expr="verl_actor_pg_clipfrac > ${actor/pg_clipfrac:aggressive}", for_="15m",
+        expr=held("verl_actor_pg_clipfrac", ">", "${actor/pg_clipfrac:aggressive}"),
+        stay=mostly("verl_actor_pg_clipfrac", ">", "${actor/pg_clipfrac:aggressive}"), for_="0s",
         summary="PPO clips more than half of the policy updates.",
         description="Run ${RUN}: actor/pg_clipfrac is ${PERCENT}, above ${actor/pg_clipfrac:aggressive}: "
         "policy updates are aggressive and may be unstable (clip_ratio ${CLIP_RATIO}).",
@@ -78,12 +99,14 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
     ),
     Alert(
         name="VerlPolicyUpdateConservative", severity="info",
-        expr=held_below("verl_actor_pg_clipfrac", "${actor/pg_clipfrac:conservative}") +
-        " and max_over_time(verl_actor_pg_clipfrac[${HELD}]) > 0 and ${WARMED_ACTOR_HELD}"
-        " and ${MULTI_UPDATE}", for_=HELD_FOR,
-        summary="PPO has clipped almost no policy updates for an hour.",
-        description="Run ${RUN}: actor/pg_clipfrac has stayed below ${actor/pg_clipfrac:conservative} for an hour (at "
-        "most ${PERCENT}; clip_ratio ${CLIP_RATIO}): policy updates are conservative and learning may be slow.",
+        expr=held("verl_actor_pg_clipfrac", "<", "${actor/pg_clipfrac:conservative}") + " and "
+        + mostly("verl_actor_pg_clipfrac", "<", "${actor/pg_clipfrac:conservative}")
+        + " and " + steps("recent_max", "verl_actor_pg_clipfrac") + " > 0 and ${WARMED_ACTOR} and ${MULTI_UPDATE}",
+        stay=mostly("verl_actor_pg_clipfrac", "<", "${actor/pg_clipfrac:conservative}") + " and ${MULTI_UPDATE}",
+        for_="0s",
+        summary="PPO has clipped almost no policy updates for many steps.",
+        description="Run ${RUN}: actor/pg_clipfrac has stayed below ${actor/pg_clipfrac:conservative} at each of the last 3 "
+        "steps and most of the last 10 (at most ${PERCENT}; clip_ratio ${CLIP_RATIO}): policy updates are conservative and learning may be slow.",
         meaning="The guide calls below 0.05 conservative, but healthy real runs that update several times per "
         "rollout clip 0.1-0.5% of their samples (0.001-0.005) for their whole life: the rule waits for "
         "below 0.001, where almost no update reaches the clip range and the policy changes little per step. "
@@ -95,11 +118,11 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         fix="If the score is still rising slowly, raise `actor_rollout_ref.actor.optim.lr` (e.g. x2); if the "
         "run has converged, nothing to do.",
         guide="1.2",
-        held=HELD,
     ),
     Alert(
         name="VerlPolicyChangeTooLarge", severity="warning",
-        expr="verl_actor_ppo_kl > ${actor/ppo_kl:too_large}", for_="15m",
+        expr=held("verl_actor_ppo_kl", ">", "${actor/ppo_kl:too_large}"),
+        stay=mostly("verl_actor_ppo_kl", ">", "${actor/ppo_kl:too_large}"), for_="0s",
         summary="The policy changes too much per update (PPO KL too large).",
         description="Run ${RUN}: actor/ppo_kl is ${NUMBER}, above ${actor/ppo_kl:too_large}.",
         meaning="`actor/ppo_kl` approximates the KL divergence between the old and the new policy. The guide's "
@@ -109,34 +132,41 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
     ),
     Alert(
         name="VerlPolicyFrozen", severity="info",
-        expr=held_below("verl_actor_ppo_kl", "${actor/ppo_kl:frozen}") +
-        " and min_over_time(verl_actor_ppo_kl[${HELD}]) > -${actor/ppo_kl:frozen}"
-        " and ${RESOLVED_KL} and ${WARMED_ACTOR_HELD} and ${MULTI_UPDATE}", for_=HELD_FOR,
-        summary="The policy has barely changed for an hour (PPO KL about 0).",
-        description="Run ${RUN}: actor/ppo_kl has stayed within ±${actor/ppo_kl:frozen} for an hour (at most "
-        "${NUMBER}): the policy is almost frozen.",
+        expr=held("verl_actor_ppo_kl", "<", "${actor/ppo_kl:frozen}") + " and "
+        + held("verl_actor_ppo_kl", ">", "-${actor/ppo_kl:frozen}") + " and "
+        + mostly("verl_actor_ppo_kl", "<", "${actor/ppo_kl:frozen}")
+        + " and ${RESOLVED_KL} and ${WARMED_ACTOR} and ${MULTI_UPDATE}",
+        stay=mostly("verl_actor_ppo_kl", "<", "${actor/ppo_kl:frozen}") + " and "
+        + mostly("verl_actor_ppo_kl", ">", "-${actor/ppo_kl:frozen}") + " and ${MULTI_UPDATE}",
+        for_="0s",
+        summary="The policy has barely changed for many steps (PPO KL about 0).",
+        description="Run ${RUN}: actor/ppo_kl has stayed within ±${actor/ppo_kl:frozen} at each of the last 3 "
+        "steps and most of the last 10 (at most ${NUMBER}): the policy is almost frozen.",
         meaning="Below 0.001 the policy hardly changes: either the run has converged, or the learning rate "
         "has decayed to nothing or exploration has collapsed. Only for runs that update the policy more "
         "than once per rollout: on-policy, the old and the new policy are the same and `ppo_kl` is 0 by "
         "construction; runs whose config the exporter does not know are left out. A KL printed as 0.000 "
-        "at every step (verl before 0.5 prints 3 decimals) says nothing: such an hour is left out too.",
+        "at every step (verl before 0.5 prints 3 decimals) says nothing: such steps are left out too.",
         fix="Check `actor/lr` (warm-up and decay schedule) and `actor/entropy`; if the score is still low, "
         "raise `actor_rollout_ref.actor.optim.lr` or `actor_rollout_ref.actor.entropy_coeff`.",
         guide="1.3",
-        held=HELD,
     ),
     Alert(
         name="VerlEntropyCollapsing", severity="warning",
-        expr="verl_actor_entropy < ${actor/entropy:collapse_drop_ratio} * max_over_time(verl_actor_entropy[1h])"
-        " and verl_actor_entropy < ${actor/entropy:healthy.min} and ${SCORE_STALLED}", for_="5m",
+        expr=steps("recent_max", "verl_actor_entropy") + " < ${actor/entropy:collapse_drop_ratio} * "
+        + steps("early_median", "verl_actor_entropy") + " and "
+        + held("verl_actor_entropy", "<", "${actor/entropy:healthy.min}") + " and ${SCORE_STALLED}"
+        " unless ${NEAR_BEST}",
+        stay=mostly("verl_actor_entropy", "<", "${actor/entropy:healthy.min}") + " unless ${NEAR_BEST}",
+        for_="0s",
         summary="Policy entropy fell fast to near zero while the score stalled.",
-        description="Run ${RUN}: actor/entropy is ${NUMBER}, less than ${actor/entropy:collapse_drop_ratio} of its "
-        "maximum of the last hour and below ${actor/entropy:healthy.min}, and critic/score/mean has not "
-        "risen over the last 30 minutes.",
+        description="Run ${RUN}: actor/entropy is ${NUMBER}, at most ${actor/entropy:collapse_drop_ratio} of its "
+        "median over the run's first 10 steps and below ${actor/entropy:healthy.min} at each of the last 3 steps, "
+        "and critic/score/mean has not risen over the last 10 steps against the 10 before.",
         meaning="Entropy measures how random the policy's output is. It should fall slowly (e.g. 0.8 -> 0.4 over "
-        "200 steps); halving within an hour to below 0.1 while the score stops rising is the guide's "
+        "200 steps); halving from the run's first steps to below 0.1 while the score stops rising is the guide's "
         "signature of a collapse: exploration has ended and the policy may be stuck in a local optimum. "
-        "Healthy math runs also drop fast early (0.36 -> 0.09 in 20 minutes) and end at 0.01-0.05, but "
+        "Healthy math runs also drop fast early (0.36 -> 0.09 in 20 steps) and end at 0.01-0.05, but "
         "with a score that is rising then, or has converged near its best: neither alerts.",
         fix="Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or the sampling temperature "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2).",
@@ -144,23 +174,26 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
     ),
     Alert(
         name="VerlEntropyFlat", severity="warning",
-        expr="abs(avg_over_time(verl_actor_entropy[1h]) - avg_over_time(verl_actor_entropy[1h] offset 1h))"
-        " / avg_over_time(verl_actor_entropy[1h] offset 1h) < ${actor/entropy:flat_change_ratio}"
-        " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="1h",
+        expr="${ENTROPY_FLAT} and ${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
+        " unless ${NEAR_BEST}",
+        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < 2 * ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
+        " unless ${NEAR_BEST}",
+        for_="0s",
         summary="Entropy and score have both stayed flat: the policy is not learning.",
-        description="Run ${RUN}: actor/entropy changed by only ${PERCENT} hour over hour while critic/score/mean "
-        "gained less than ${critic/score/mean:min_gain}.",
+        description="Run ${RUN}: actor/entropy changed by only ${PERCENT} over the last 30 steps against the 30 "
+        "before while critic/score/mean gained less than ${critic/score/mean:min_gain}.",
         meaning="Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
         "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
-        "has converged near its best score (the last hour within a tenth of the score's range of its best "
-        "step of 6 hours, and in the upper half of that range) is flat by design and is left out.",
+        "has converged near its best score (the last 10 steps within a tenth of the score's range of its best "
+        "10 steps in a row, and in the upper half of that range) is flat by design and is left out.",
         fix="Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
         "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
         guide="1.5",
     ),
     Alert(
         name="VerlKlLossHigh", severity="warning",
-        expr="verl_actor_kl_loss > ${actor/kl_loss:too_large}", for_="10m",
+        expr=held("verl_actor_kl_loss", ">", "${actor/kl_loss:too_large}"),
+        stay=mostly("verl_actor_kl_loss", ">", "${actor/kl_loss:too_large}"), for_="0s",
         summary="The policy drifts far from the reference policy (KL loss too large).",
         description=sub("Run ${RUN}: actor/kl_loss is ${NUMBER}, above ${actor/kl_loss:too_large} "
                         "(kl_loss_coef ${coef}).", coef=quote("actor_rollout_ref.actor.kl_loss_coef", "unknown")),
@@ -171,7 +204,7 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
     ),
     Alert(
         name="VerlActorGradNormPinned", severity="warning",
-        expr="verl_actor_grad_norm and ${GRAD_PINNED}", for_="15m",
+        expr="${GRAD_PINNED}", stay="${GRAD_MOSTLY_PINNED}", for_="0s",
         summary="The actor's gradient norm is pinned at the clip value.",
         description="Run ${RUN}: actor/grad_norm has stayed at the run's grad_clip (now ${NUMBER}): every update is "
         "clipped.",
@@ -188,8 +221,10 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
 CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic (value network)", alerts=(
     Alert(
         name="VerlCriticGradNormPinned", severity="warning",
-        expr="verl_critic_grad_norm and "
-        + grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"), for_="15m",
+        expr=grad_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}",
+                         ("recent_min", "recent_max")),
+        stay=grad_mostly_pinned("verl_critic_grad_norm", CRITIC_GRAD_CLIP, "${critic/grad_norm:pinned_tolerance}"),
+        for_="0s",
         summary="The critic's gradient norm is pinned at the clip value.",
         description="Run ${RUN}: critic/grad_norm has stayed at the run's critic.grad_clip (now ${NUMBER}): every "
         "critic update is clipped.",
@@ -202,7 +237,11 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     ),
     Alert(
         name="VerlCriticWorseThanConstant", severity="warning",
-        expr="verl_critic_vf_explained_var < ${critic/vf_explained_var:negative} and ${WARMED_CRITIC}", for_="15m",
+        expr=held("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative}") + " and "
+        + mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative_median}")
+        + " and " + steps("window_mean", "verl_critic_vf_explained_var") + " <= "
+        + steps("prior_mean", "verl_critic_vf_explained_var") + " and ${WARMED_CRITIC}",
+        stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative_median}"), for_="0s",
         summary="The critic predicts returns worse than a constant.",
         description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} after warm-up: the value function is worse "
         "than predicting the mean return.",
@@ -214,25 +253,25 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     ),
     Alert(
         name="VerlCriticLearningSlowly", severity="info",
-        expr=held_below("verl_critic_vf_explained_var", "${critic/vf_explained_var:learning}") +
-        " and ${WARMED_CRITIC_HELD}", for_=HELD_FOR,
+        expr=held("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}") + " and "
+        + mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}") + " and ${WARMED_CRITIC}",
+        stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}"), for_="0s",
         summary="The critic explains less than 30% of the returns' variance.",
-        description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} for an "
-        "hour (at most ${NUMBER}).",
+        description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} at each of "
+        "the last 3 steps and most of the last 10 (at most ${NUMBER}).",
         meaning="During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
         "0.3 for long the critic is not learning enough (guide 11.2, step 3).",
         fix="Raise `critic.optim.lr` (e.g. x5, 1e-5 -> 5e-5).",
         guide="2.4",
-        held=HELD,
     ),
     Alert(
         name="VerlCriticLossNotDecreasing", severity="info",
-        expr="avg_over_time(verl_critic_vf_loss[1h]) > (1 - ${critic/vf_loss:min_drop_ratio})"
-        " * avg_over_time(verl_critic_vf_loss[1h] offset 1h)"
-        " and verl_critic_vf_loss > ${critic/vf_loss:converged} and ${WARMED_CRITIC}", for_="30m",
+        expr="${VF_LOSS_FLAT} and " + held("verl_critic_vf_loss", ">", "${critic/vf_loss:converged}")
+        + " and ${WARMED_CRITIC}",
+        stay="${VF_LOSS_FLAT} and " + mostly("verl_critic_vf_loss", ">", "${critic/vf_loss:converged}"), for_="0s",
         summary="The critic's loss has stopped decreasing while still high.",
-        description="Run ${RUN}: critic/vf_loss averaged ${NUMBER} over the last hour, not lower than the hour "
-        "before, and is above ${critic/vf_loss:converged}.",
+        description="Run ${RUN}: critic/vf_loss averaged ${NUMBER} over the last 10 steps, not lower than the 10 "
+        "steps before, and is above ${critic/vf_loss:converged}.",
         meaning="`critic/vf_loss` should fall from 10-100 to 0.1-10 and below 1 when converged. A loss that stays "
         "high and flat means the value network does not fit the returns.",
         fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable.",
@@ -240,7 +279,8 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     ),
     Alert(
         name="VerlCriticValueClipping", severity="warning",
-        expr="verl_critic_vf_clipfrac > ${critic/vf_clipfrac:too_high}", for_="10m",
+        expr=held("verl_critic_vf_clipfrac", ">", "${critic/vf_clipfrac:too_high}"),
+        stay=mostly("verl_critic_vf_clipfrac", ">", "${critic/vf_clipfrac:too_high}"), for_="0s",
         summary="More than half of the value predictions are clipped.",
         description="Run ${RUN}: critic/vf_clipfrac is ${PERCENT}, above ${critic/vf_clipfrac:too_high}: the value "
         "function's updates are held back.",
@@ -252,7 +292,7 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     Alert(
         name="VerlCriticValueOffTarget", severity="warning",
         expr="abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
-        " and ${WARMED_CRITIC}", for_="30m",
+        " and ${VALUE_GAP} and ${WARMED_CRITIC}", stay="${VALUE_GAP}", for_="0s",
         summary="The critic's predicted values are far from the returns.",
         description="Run ${RUN}: critic/vpred_mean is ${NUMBER} away from critic/returns/mean (more than "
         "${critic/vpred_mean:max_gap_to_returns}).",
@@ -266,7 +306,12 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
 REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Rewards and advantages", alerts=(
     Alert(
         name="VerlAdvantageMeanOffCenter", severity="warning",
-        expr="abs(verl_critic_advantages_mean) > ${critic/advantages/mean:max_abs_mean}", for_="10m",
+        expr=f"abs({steps('recent_min', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}"
+        f" and abs({steps('recent_max', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}"
+        " and (" + steps("recent_min", "verl_critic_advantages_mean") + " > 0 or "
+        + steps("recent_max", "verl_critic_advantages_mean") + " < 0)",
+        stay=f"abs({steps('window_median', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}",
+        for_="0s",
         summary="The mean advantage is far from 0.",
         description="Run ${RUN}: critic/advantages/mean is off 0 by ${NUMBER} (more than "
         "${critic/advantages/mean:max_abs_mean}).",
@@ -278,8 +323,10 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     ),
     Alert(
         name="VerlAdvantageRangeExploding", severity="warning",
-        expr="abs(verl_critic_advantages_max) > ${critic/advantages/max:max_abs}"
-        " or abs(verl_critic_advantages_min) > ${critic/advantages/min:max_abs}", for_="10m",
+        expr=held("verl_critic_advantages_max", ">", "${critic/advantages/max:max_abs}") + " or -"
+        + steps("recent_max", "verl_critic_advantages_min") + " > ${critic/advantages/min:max_abs}",
+        stay=mostly("verl_critic_advantages_max", ">", "${critic/advantages/max:max_abs}") + " or -"
+        + steps("window_median", "verl_critic_advantages_min") + " > ${critic/advantages/min:max_abs}", for_="0s",
         summary="Advantages have an exploding range.",
         description="Run ${RUN}: an advantage of magnitude ${NUMBER} (limit ${critic/advantages/max:max_abs}): the "
         "advantage range is exploding.",
@@ -290,12 +337,12 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     ),
     Alert(
         name="VerlNoLearningSignal", severity="warning",
-        expr="max_over_time(verl_critic_advantages_max[30m]) < ${critic/advantages/max:no_signal}"
-        " and min_over_time(verl_critic_advantages_min[30m]) > -${critic/advantages/min:no_signal}"
-        " and ${RUN_MATCH} changes(verl_training_last_step[30m]) >= ${critic/advantages/max:no_signal_steps}",
-        for_="10m",
+        expr=held("verl_critic_advantages_max", "<", "${critic/advantages/max:no_signal}") + " and "
+        + held("verl_critic_advantages_min", ">", "-${critic/advantages/min:no_signal}"),
+        stay=mostly("verl_critic_advantages_max", "<", "${critic/advantages/max:no_signal}") + " and "
+        + mostly("verl_critic_advantages_min", ">", "-${critic/advantages/min:no_signal}"), for_="0s",
         summary="Every advantage is 0: the run has no learning signal.",
-        description="Run ${RUN}: critic/advantages/max and /min have been 0 for the last 30 minutes "
+        description="Run ${RUN}: critic/advantages/max and /min have been 0 at each of the last 3 steps "
         "(at most ${NUMBER}): "
         "no sample is better or worse than its group, so the policy gets no gradient.",
         meaning="With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
@@ -310,13 +357,14 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     ),
     Alert(
         name="VerlScoreNotImproving", severity="info",
-        expr="${SCORE_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="1h",
-        summary="The mean score has not improved for an hour.",
-        description="Run ${RUN}: critic/score/mean changed by ${NUMBER} hour over hour (less than "
-        "${critic/score/mean:min_gain}).",
+        expr="${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}",
+        stay="${SCORE_LONG_GAIN} < 3 * ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="0s",
+        summary="The mean score has not improved for 30 steps.",
+        description="Run ${RUN}: critic/score/mean changed by ${NUMBER} over the last 30 steps against the 30 "
+        "before (less than ${critic/score/mean:min_gain}).",
         meaning="`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
         "training. A flat score far from the run's best means it stopped learning; one within a tenth of "
-        "the score's range of its best step of 6 hours, in the upper half of that range, has converged, and is "
+        "the score's range of its best 10 steps in a row, in the upper half of that range, has converged, and is "
         "left out.",
         fix="If the score is still low, follow the guide's checklist: learning rate (`actor/grad_norm`), "
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
@@ -327,7 +375,8 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
 LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequence lengths", alerts=(
     Alert(
         name="VerlResponsesTruncated", severity="warning",
-        expr="verl_response_length_clip_ratio > ${response_length/clip_ratio:too_high}", for_="10m",
+        expr=held("verl_response_length_clip_ratio", ">", "${response_length/clip_ratio:too_high}"),
+        stay=mostly("verl_response_length_clip_ratio", ">", "${response_length/clip_ratio:too_high}"), for_="0s",
         summary="More than half of the responses hit max_response_length.",
         description="Run ${RUN}: ${PERCENT} of responses are truncated at max_response_length ${MAX_RESPONSE} (limit "
         "${response_length/clip_ratio:too_high}).",
@@ -338,18 +387,21 @@ LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequ
     ),
     Alert(
         name="VerlResponsesOftenTruncated", severity="info",
-        expr="verl_response_length_clip_ratio > ${response_length/clip_ratio:elevated}", for_="1h",
+        expr=held("verl_response_length_clip_ratio", ">", "${response_length/clip_ratio:elevated}") + " and "
+        + mostly("verl_response_length_clip_ratio", ">", "${response_length/clip_ratio:elevated}"),
+        stay=mostly("verl_response_length_clip_ratio", ">", "${response_length/clip_ratio:elevated}"), for_="0s",
         summary="More than 10% of the responses hit max_response_length.",
         description="Run ${RUN}: ${PERCENT} of responses have been truncated at max_response_length "
-        "${MAX_RESPONSE} for an "
-        "hour (ideal below ${response_length/clip_ratio:elevated}).",
+        "${MAX_RESPONSE} at each of the last 3 steps and most of the last 10 "
+        "(ideal below ${response_length/clip_ratio:elevated}).",
         meaning="Most responses should end on their own; above 10% truncation for long, answers are being cut.",
         fix="Consider a larger `data.max_response_length`.",
         guide="4.2",
     ),
     Alert(
         name="VerlPromptsTruncated", severity="warning",
-        expr="verl_prompt_length_clip_ratio > ${prompt_length/clip_ratio:too_high}", for_="30m",
+        expr=held("verl_prompt_length_clip_ratio", ">", "${prompt_length/clip_ratio:too_high}"),
+        stay=mostly("verl_prompt_length_clip_ratio", ">", "${prompt_length/clip_ratio:too_high}"), for_="0s",
         summary="More than 10% of the prompts hit max_prompt_length.",
         description="Run ${RUN}: ${PERCENT} of prompts are truncated at max_prompt_length ${MAX_PROMPT} (limit "
         "${prompt_length/clip_ratio:too_high}).",
@@ -363,8 +415,10 @@ LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequ
 DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="The guide's diagnoses", alerts=(
     Alert(
         name="VerlLearningRateTooHigh", severity="warning",
-        expr="verl_actor_pg_clipfrac > ${actor/pg_clipfrac:lr_too_high}"
-        " and verl_actor_ppo_kl > ${actor/ppo_kl:too_large} and ${GRAD_PINNED}", for_="10m",
+        expr=held("verl_actor_pg_clipfrac", ">", "${actor/pg_clipfrac:lr_too_high}") + " and "
+        + held("verl_actor_ppo_kl", ">", "${actor/ppo_kl:too_large}") + " and ${GRAD_PINNED}",
+        stay=mostly("verl_actor_pg_clipfrac", ">", "${actor/pg_clipfrac:lr_too_high}") + " and "
+        + mostly("verl_actor_ppo_kl", ">", "${actor/ppo_kl:too_large}") + " and ${GRAD_MOSTLY_PINNED}", for_="0s",
         summary="The learning rate is too high: heavy clipping, large KL and clipped gradients together.",
         description="Run ${RUN}: actor/pg_clipfrac is ${PERCENT} with actor/ppo_kl above ${actor/ppo_kl:too_large} and "
         "actor/grad_norm pinned at the run's grad_clip: the learning rate is too high.",
@@ -376,8 +430,11 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
     ),
     Alert(
         name="VerlPrematureConvergence", severity="warning",
-        expr="verl_actor_entropy < ${actor/entropy:collapsed} and abs(verl_actor_ppo_kl) < ${actor/ppo_kl:frozen}"
-        " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} and ${SCORE_LOW}", for_="30m",
+        expr=held("verl_actor_entropy", "<", "${actor/entropy:collapsed}") + " and "
+        + held("verl_actor_ppo_kl", "<", "${actor/ppo_kl:frozen}") + " and "
+        + held("verl_actor_ppo_kl", ">", "-${actor/ppo_kl:frozen}")
+        + " and ${SCORE_GAIN} < ${critic/score/mean:min_gain} and ${SCORE_LOW}",
+        stay=mostly("verl_actor_entropy", "<", "${actor/entropy:collapsed}") + " and ${SCORE_LOW}", for_="0s",
         summary="The policy converged prematurely: entropy near 0, KL near 0, score flat and low.",
         description="Run ${RUN}: actor/entropy is ${NUMBER} with actor/ppo_kl near 0 and a flat "
         "critic/score/mean in the "
@@ -385,7 +442,7 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
         meaning="The guide's problem 2: entropy drops quickly to near 0, the score stops rising and `ppo_kl` is "
         "about 0. The policy is stuck in a local optimum because it stopped exploring. \"Premature\" is "
         "told from a finished convergence by the score: it is in the lower half of the range the batches' "
-        "scores spanned over 6 hours (`critic/score/min` to `/max`). Healthy math runs converge with "
+        "scores spanned over the run (`critic/score/min` to `/max`). Healthy math runs converge with "
         "entropy 0.02-0.05 and a KL that prints as 0, but near the top of that range.",
         fix="Raise `actor_rollout_ref.actor.entropy_coeff` (e.g. 0.001 -> 0.01) or "
         "`actor_rollout_ref.rollout.temperature` (e.g. 1.0 -> 1.2), then restart from an earlier checkpoint.",
@@ -393,10 +450,12 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
     ),
     Alert(
         name="VerlCriticNotLearning", severity="warning",
-        expr="verl_critic_vf_explained_var < ${critic/vf_explained_var:negative}"
-        " and verl_critic_vf_loss > ${critic/vf_loss:high}"
-        " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
-        " and ${WARMED_CRITIC}", for_="10m",
+        expr=held("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative}") + " and "
+        + held("verl_critic_vf_loss", ">", "${critic/vf_loss:high}")
+        + " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        " and ${WARMED_CRITIC}",
+        stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative}") + " and "
+        + mostly("verl_critic_vf_loss", ">", "${critic/vf_loss:high}"), for_="0s",
         summary="The critic is not learning: negative explained variance, high loss, values far from returns.",
         description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} with critic/vf_loss above ${critic/vf_loss:high} "
         "and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",

@@ -26,6 +26,8 @@ and per run::
 
 and, from the errors the run's log shows and its first line::
 
+    verl_training_nonfinite_last_step{project,experiment,key}  the run's step at its latest NaN/Inf of the key
+    verl_training_log_errors_last_step{project,experiment,kind} the run's step when the kind was last seen
     verl_training_log_errors_total{project,experiment,kind}    kind: cuda_oom, nccl_timeout, segfault,
                                                                ray_actor_died, traceback
     verl_training_started_timestamp_seconds{project,experiment} when its first line (config print or
@@ -156,8 +158,12 @@ class TrainingCollector:
             families["config_info"].add_metric(run + [state.config_info.get(label, "") for label in info_labels], 1.0)
         for key, count in sorted(state.nonfinite.items()):
             families["nonfinite"].add_metric(run + [key], count)
+        for key, step in sorted(state.nonfinite_step.items()):
+            families["nonfinite_step"].add_metric(run + [key], step)
         for kind, count in sorted(state.log_errors.items()):
             families["log_errors"].add_metric(run + [kind], count)
+        for kind, step in sorted(state.error_step.items()):
+            families["log_errors_step"].add_metric(run + [kind], step)
         if state.started_at is not None:
             families["started_time"].add_metric(run, state.started_at)
         checkpoint = state.checkpoint
