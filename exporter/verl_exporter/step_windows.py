@@ -81,13 +81,13 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_critic_score_mean": _HELD | _TREND | _SPREAD | _PLATEAU | {"best_window_mean", "early_median"},
     "verl_critic_score_max": frozenset({"run_max"}),
     "verl_critic_score_min": frozenset({"run_min"}),
-    "verl_critic_rewards_mean": _HELD | _SPREAD,
+    "verl_critic_rewards_mean": _HELD | _SPREAD | {"best_window_mean"},
     "verl_response_length_mean": _HELD | {"early_median", "prior_mean"},
     "verl_response_length_clip_ratio": _HELD,
     "verl_prompt_length_clip_ratio": _HELD,
-    "verl_timing_step_seconds": frozenset({"recent_max", "run_max", "window_median", "prior_mean"}),
-    "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean"}),
-    "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean"}),
+    "verl_timing_step_seconds": frozenset({"recent_max", "run_max", "window_median", "prior_mean", "early_median"}),
+    "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
+    "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
 }
 LONGEST = max(steps for steps, _ in STATS.values() if steps > 1)
 

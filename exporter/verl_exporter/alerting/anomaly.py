@@ -63,16 +63,19 @@ def recording_rules() -> list[dict]:
 def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) -> Alert:
     return Alert(
         name=name, severity="warning",
-        expr=sub("${zscore} > ${anomaly:spike_zscore} and ${change} > ${anomaly:spike_change}"
-                 " and ${median} > ${anomaly:spike_zscore} / 2",
+        # The value is the metric's own: the lowest of its last 3 steps, then the median of the last 10.
+        expr=sub("${low} and (${zscore} > ${anomaly:spike_zscore} and ${change} > ${anomaly:spike_change}"
+                 " and ${median} > ${anomaly:spike_zscore} / 2)", low=steps("recent_min", metric),
                  zscore=zscore(metric, "recent_min"), change=change(metric, "recent_min"),
                  median=zscore(metric, "window_median")),
-        stay=sub("${zscore} > ${anomaly:spike_zscore} / 2", zscore=zscore(metric, "window_median")),
+        stay=sub("${median} and ${zscore} > ${anomaly:spike_zscore} / 2", median=steps("window_median", metric),
+                 zscore=zscore(metric, "window_median")),
         for_="0s",
         summary=sub("${what} stays far above the run's own normal.", what=what),
-        description=sub("Run ${RUN}: ${key} at each of the last 3 steps is ${NUMBER} standard deviations or more "
-                        "above its mean over the 10 steps before the last 10, and more than ${anomaly:spike_change} "
-                        "of that mean above it, and high at about half of the last 10: a spike that did not recover.", key=key),
+        description=sub("Run ${RUN}: ${key} is ${NUMBER} or more, far above its mean over the 10 steps before "
+                        "the last 10 (over ${anomaly:spike_zscore} of their standard deviations and ${anomaly:spike_change} "
+                        "of that mean at each of the last 3 steps, and high at about half of the last 10): a spike "
+                        "that did not recover.", key=key),
         meaning=meaning, fix=fix)
 
 
@@ -86,13 +89,18 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
     by_z, by_change, moved = _SHIFTS[kind]
     return Alert(
         name=name, severity="warning",
-        expr=sub("${zscore} ${by_z} and ${change} ${by_change}", zscore=zscore(metric, "recent_max"), by_z=by_z,
-                 change=change(metric, "recent_max"), by_change=by_change),
-        stay=sub("${zscore} ${by_z} / 2", zscore=zscore(metric, "window_median"), by_z=by_z),
+        # The value is the metric's own: the highest of its last 3 steps, then the median of the last 10.
+        expr=sub("${high} and (${zscore} ${by_z} and ${change} ${by_change})", high=steps("recent_max", metric),
+                 zscore=zscore(metric, "recent_max"), by_z=by_z, change=change(metric, "recent_max"),
+                 by_change=by_change),
+        # It lasts while the median of the last 10 steps is still that far below the run's best 10 steps.
+        stay=sub("${median} and (${best} - ${median} > ${anomaly:drop_change} * clamp_min(abs(${best}), ${floor}))",
+                 best=steps("best_window_mean", metric), median=steps("window_median", metric),
+                 floor=format_number(FLOORS[metric])),
         for_="0s", summary=summary,
-        description=sub("Run ${RUN}: ${key} at each of the last 3 steps is ${NUMBER} standard deviations or more "
-                        "from its mean over the 10 steps before the last 10, and ${moved} of that mean.",
-                        key=key, moved=moved),
+        description=sub("Run ${RUN}: ${key} has fallen to ${NUMBER}, far below its mean over the 10 steps before "
+                        "the last 10 (over ${anomaly:shift_zscore} of their standard deviations at each of the last 3 "
+                        "steps, and ${moved} of that mean).", key=key, moved=moved),
         meaning=meaning, fix=fix)
 
 
@@ -145,13 +153,17 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
            "step; if it repeats, halve `actor_rollout_ref.actor.optim.lr`."),
     Alert(
         name="VerlActorPgLossSpike", severity="warning",
-        expr=sub("${high} > ${anomaly:spike_zscore} or ${low} < -${anomaly:spike_zscore}",
-                 high=zscore("verl_actor_pg_loss", "recent_min"), low=zscore("verl_actor_pg_loss", "recent_max")),
-        stay=sub("abs(${zscore}) > ${anomaly:spike_zscore} / 2", zscore=zscore("verl_actor_pg_loss", "window_median")),
+        expr=sub("${now} and (${high} > ${anomaly:spike_zscore} or ${low} < -${anomaly:spike_zscore})"
+                 " and abs(${median}) > ${anomaly:spike_zscore} / 2", now=steps("window_median", "verl_actor_pg_loss"),
+                 high=zscore("verl_actor_pg_loss", "recent_min"), low=zscore("verl_actor_pg_loss", "recent_max"),
+                 median=zscore("verl_actor_pg_loss", "window_median")),
+        stay=sub("${now} and abs(${zscore}) > ${anomaly:spike_zscore} / 2",
+                 now=steps("window_median", "verl_actor_pg_loss"), zscore=zscore("verl_actor_pg_loss", "window_median")),
         for_="0s",
         summary="The policy loss stays far from the run's own normal.",
-        description="Run ${RUN}: actor/pg_loss at each of the last 3 steps is ${NUMBER} standard deviations or "
-        "more from its mean over the 10 steps before the last 10.",
+        description="Run ${RUN}: actor/pg_loss is ${NUMBER} (the median of its last 10 steps), more than "
+        "${anomaly:spike_zscore} standard deviations of the 10 steps before those from their mean at each of the "
+        "last 3 steps.",
         meaning="`actor/pg_loss` sits near 0 and moves slowly; 3 steps more than ${anomaly:spike_zscore} "
         "standard deviations of the steps before away (either sign, the deviation at least 0.05: healthy runs move it by up to "
         "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",

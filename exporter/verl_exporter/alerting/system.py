@@ -43,6 +43,9 @@ STALLED = (
 # last 10 steps over twice the mean of the 10 before.
 STEP_SLOWER = (steps("window_median", "verl_timing_step_seconds") + " > ${timing_s/step:slowdown_ratio} * "
                + steps("prior_mean", "verl_timing_step_seconds"))
+# ... and it lasts while the median of the last 10 steps is twice the median of the run's first 10.
+STEP_STILL_SLOWER = (steps("window_median", "verl_timing_step_seconds") + " > ${timing_s/step:slowdown_ratio} * "
+                     + steps("early_median", "verl_timing_step_seconds"))
 
 XID_FATAL = "|".join(str(x) for x in FATAL_XIDS)
 # The run's throughput before: the mean of the 10 steps before the last 10.
@@ -101,7 +104,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlGenerationBottleneck", severity="info",
         expr="verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share} and ${STEP_SLOWER}",
-        stay="${STEP_SLOWER}", for_="0s",
+        stay="verl_timing_gen_seconds / verl_timing_step_seconds and ${STEP_STILL_SLOWER}", for_="0s",
         summary="Steps got twice as slow, and generation takes more than half of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and generation (timing_s/gen) "
         "takes ${PERCENT} of the step time.",
@@ -117,7 +120,8 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlActorUpdateBottleneck", severity="info",
         expr="verl_timing_update_actor_seconds / verl_timing_step_seconds > ${timing_s/step:update_actor_share}"
-        " and ${STEP_SLOWER}", stay="${STEP_SLOWER}", for_="0s",
+        " and ${STEP_SLOWER}",
+        stay="verl_timing_update_actor_seconds / verl_timing_step_seconds and ${STEP_STILL_SLOWER}", for_="0s",
         summary="Steps got twice as slow, and actor updates take more than 40% of each.",
         description="Run ${RUN}: the steps take twice as long as earlier in the run, and the actor update "
         "(timing_s/update_actor) takes ${PERCENT} of the step time.",
@@ -132,14 +136,15 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         name="VerlThroughputDropped", severity="warning",
         expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
         stay=steps("window_median", "verl_perf_throughput") + " < (1 + ${perf/throughput:drop_ratio}) / 2 * "
-        "${THROUGHPUT_BEFORE}", for_="0s",
+        + steps("best_window_mean", "verl_perf_throughput"), for_="0s",
         summary="Training throughput fell to half of the run's own earlier throughput.",
-        description="Run ${RUN}: perf/throughput averaged ${NUMBER} tokens/s per GPU over 30 minutes, below "
-        "${perf/throughput:drop_ratio} of the run's best 30-minute average of the last 6 hours.",
+        description="Run ${RUN}: perf/throughput is ${NUMBER} tokens/s per GPU or less at each of the last 3 steps, "
+        "below ${perf/throughput:drop_ratio} of its mean over the 10 steps before the last 10.",
         meaning="`perf/throughput` is tokens processed per second per GPU. What is normal depends on the model "
         "size, the GPUs and the batch and sequence lengths (the guide's 50 tokens/s/GPU is for a 7B "
-        "model), so the rule compares the run with itself: its 30-minute average against its best "
-        "30-minute average of the last 6 hours.",
+        "model), so the rule compares the run with itself, in steps: each of its last 3 steps against the "
+        "mean of the 10 steps before the last 10; it stays firing while the median of the last 10 steps is "
+        "under three quarters of the run's best 10 steps in a row.",
         fix="Find the slow phase in `timing_s/*` (generation, actor update) and follow its alert; check MFU and "
         "that GPUs are not throttled.",
         guide="11.2",
@@ -148,11 +153,11 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         name="VerlActorMfuLow", severity="info",
         expr=steps("recent_max", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
         + steps("prior_mean", "verl_perf_mfu_actor"),
-        stay=steps("window_median", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
-        + steps("prior_mean", "verl_perf_mfu_actor"), for_="0s",
+        stay=steps("window_median", "verl_perf_mfu_actor") + " < (1 + ${perf/mfu/actor:drop_ratio}) / 2 * "
+        + steps("best_window_mean", "verl_perf_mfu_actor"), for_="0s",
         summary="Actor model FLOPs utilisation fell to half of the run's own.",
-        description="Run ${RUN}: perf/mfu/actor has a median of ${PERCENT} over 30 minutes, under "
-        "${perf/mfu/actor:drop_ratio} of its usual high (90th percentile) of the last 6 hours.",
+        description="Run ${RUN}: perf/mfu/actor is ${PERCENT} or less at each of the last 3 steps, under "
+        "${perf/mfu/actor:drop_ratio} of its mean over the 10 steps before the last 10.",
         meaning="MFU is achieved FLOPs over the hardware peak. The guide's bands (above 40% excellent, below 20% "
         "poor) are for dense training on NVIDIA GPUs; real healthy runs log from 7% to 79% (RL steps with short "
         "sequences, AMD GPUs whose peak verl does not know, older releases that count FLOPs differently), "
@@ -164,10 +169,10 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlStepSlow", severity="info",
-        expr=STEP_SLOWER, stay=STEP_SLOWER, for_="0s",
+        expr=STEP_SLOWER, stay=STEP_STILL_SLOWER, for_="0s",
         summary="Training steps take twice as long as earlier in the run.",
-        description="Run ${RUN}: the median step of the last 30 minutes takes ${DURATION} (timing_s/step), over "
-        "${timing_s/step:slowdown_ratio} times the median of the 6 hours before.",
+        description="Run ${RUN}: the median of the last 10 steps takes ${DURATION} (timing_s/step), over "
+        "${timing_s/step:slowdown_ratio} times the mean of the 10 steps before them.",
         meaning="The guide treats a step time above 120 s as slow training, but a step's time follows the model "
         "size, `data.train_batch_size` x `actor_rollout_ref.rollout.n` and the response length: healthy "
         "7B runs take 150-400 s a step, agent runs up to 1,000 s. So the rule compares the run with its "
