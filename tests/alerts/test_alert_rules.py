@@ -172,7 +172,7 @@ def test_definitions_hold_no_literal_thresholds():
     statistic a quantile takes (``quantile_over_time(0.5, ...)``: a median, no threshold)."""
     for group in render.GROUPS:
         for alert in group.alerts:
-            expr = model.expand(alert.expr, render.FRAGMENTS)
+            expr = model.expand(alert.expr + " " + alert.stay, render.FRAGMENTS)
             text = re.sub(r"\$\{[^}]*\}|\{[^}]*\}|\[[^\]]*\]|offset \w+|quantile_over_time\(\d(?:\.\d+)?,", " ", expr)
             numbers = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
             assert numbers <= {"0", "1"}, f"{alert.name}: literal {numbers - {'0', '1'}} in {expr}"
@@ -185,7 +185,9 @@ def test_rules_follow_a_changed_catalog_threshold():
     other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families)
     groups = yaml.safe_load(render.rule_files(other)["verl-training.rules.yml"])["groups"]
     rule = next(r for g in groups for r in g["rules"] if r.get("alert") == "VerlPolicyUpdateAggressive")
-    assert rule["expr"].startswith("verl_actor_pg_clipfrac > 0.66\n")
+    assert rule["expr"].startswith('((max without(metric) (verl_training_recent_min{metric="verl_actor_pg_clipfrac"})'
+                                   ' > 0.66) or (max without(metric) (verl_training_window_median'
+                                   '{metric="verl_actor_pg_clipfrac"}) > 0.66 and ')
     assert "above 0.66" in rule["annotations"]["description"]
 
 
@@ -214,11 +216,13 @@ def test_per_step_groups_evaluate_every_minute_and_pages_at_the_global_interval(
     slow = {name for name, group in groups.items() if group.get("interval") == model.PER_STEP_INTERVAL}
     assert {"verl-run-settings", "verl-actor", "verl-critic", "verl-diagnoses", "verl-performance"} <= slow
     assert slow.isdisjoint({"verl-operations", "verl-gpu", "verl-anomaly"})
-    for name in slow:  # nothing in them pages, or fires on a single evaluation
+    for name in slow:  # nothing in them pages, or fires on a single evaluation but over the run's own steps
         for entry in groups[name]["rules"]:
             assert entry.get("labels", {}).get("severity") != "critical", entry.get("alert")
-            if "alert" in entry:
+            if "alert" in entry and "{metric=" not in entry["expr"]:  # no step statistic: minutes
                 assert parse_duration(entry["for"]) >= 5 * parse_duration(model.PER_STEP_INTERVAL)
+            elif "alert" in entry:  # each of the last 3 steps, and it stays firing on its looser condition
+                assert "for" not in entry and f'ALERTS{{alertname="{entry["alert"]}", alertstate="firing"}}' in entry["expr"]
     # Scaled rules (the demo, the end-to-end tests) run every group at their Prometheus's interval.
     scaled = [group for text in render.rule_files(time_scale=1 / 300).values()
               for group in yaml.safe_load(text)["groups"]]

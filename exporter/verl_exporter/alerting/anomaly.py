@@ -13,7 +13,7 @@ steps is still half as far out (``stay``): one incident, one notification.
 
 from __future__ import annotations
 
-from .model import Alert, Group, format_number, steps, sub
+from .model import Alert, Group, steps, sub
 
 THRESHOLDS = {
     "spike_zscore": 6.0,   # a spike: this many standard deviations of the steps before above their mean
@@ -41,18 +41,26 @@ THRESHOLDS |= {
 EXTRA = {"anomaly": THRESHOLDS}
 
 
+THRESHOLDS |= {f"floor_{metric.removeprefix('verl_')}": floor for metric, floor in FLOORS.items()}
+
+
+def floor(metric: str) -> str:
+    """The placeholder of ``metric``'s floor of the spread."""
+    return "${anomaly:floor_" + metric.removeprefix("verl_") + "}"
+
+
 def zscore(metric: str, stat: str) -> str:
     """Statistic ``stat`` of ``metric``'s last steps, in standard deviations of the 10 steps before the
     last 10 away from their mean."""
     return sub("(${now} - ${mean}) / clamp_min(${spread}, ${floor})", now=steps(stat, metric),
                mean=steps("prior_mean", metric), spread=steps("prior_stddev", metric),
-               floor=format_number(FLOORS[metric]))
+               floor=floor(metric))
 
 
 def change(metric: str, stat: str) -> str:
     """Statistic ``stat`` of ``metric``'s last steps relative to the mean of the 10 steps before the last 10."""
     return sub("(${now} - ${mean}) / clamp_min(abs(${mean}), ${floor})", now=steps(stat, metric),
-               mean=steps("prior_mean", metric), floor=format_number(FLOORS[metric]))
+               mean=steps("prior_mean", metric), floor=floor(metric))
 
 
 def recording_rules() -> list[dict]:
@@ -65,10 +73,10 @@ def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) 
         name=name, severity="warning",
         # The value is the metric's own: the lowest of its last 3 steps, then the median of the last 10.
         expr=sub("${low} and (${zscore} > ${anomaly:spike_zscore} and ${change} > ${anomaly:spike_change}"
-                 " and ${median} > ${anomaly:spike_zscore} / 2)", low=steps("recent_min", metric),
+                 " and ${median} > ${hysteresis:half} * ${anomaly:spike_zscore})", low=steps("recent_min", metric),
                  zscore=zscore(metric, "recent_min"), change=change(metric, "recent_min"),
                  median=zscore(metric, "window_median")),
-        stay=sub("${median} and ${zscore} > ${anomaly:spike_zscore} / 2", median=steps("window_median", metric),
+        stay=sub("${median} and ${zscore} > ${hysteresis:half} * ${anomaly:spike_zscore}", median=steps("window_median", metric),
                  zscore=zscore(metric, "window_median")),
         for_="0s",
         summary=sub("${what} stays far above the run's own normal.", what=what),
@@ -96,7 +104,7 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
         # It lasts while the median of the last 10 steps is still that far below the run's best 10 steps.
         stay=sub("${median} and (${best} - ${median} > ${anomaly:drop_change} * clamp_min(abs(${best}), ${floor}))",
                  best=steps("best_window_mean", metric), median=steps("window_median", metric),
-                 floor=format_number(FLOORS[metric])),
+                 floor=floor(metric)),
         for_="0s", summary=summary,
         description=sub("Run ${RUN}: ${key} has fallen to ${NUMBER}, far below its mean over the 10 steps before "
                         "the last 10 (over ${anomaly:shift_zscore} of their standard deviations at each of the last 3 "
@@ -154,10 +162,10 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
     Alert(
         name="VerlActorPgLossSpike", severity="warning",
         expr=sub("${now} and (${high} > ${anomaly:spike_zscore} or ${low} < -${anomaly:spike_zscore})"
-                 " and abs(${median}) > ${anomaly:spike_zscore} / 2", now=steps("window_median", "verl_actor_pg_loss"),
+                 " and abs(${median}) > ${hysteresis:half} * ${anomaly:spike_zscore}", now=steps("window_median", "verl_actor_pg_loss"),
                  high=zscore("verl_actor_pg_loss", "recent_min"), low=zscore("verl_actor_pg_loss", "recent_max"),
                  median=zscore("verl_actor_pg_loss", "window_median")),
-        stay=sub("${now} and abs(${zscore}) > ${anomaly:spike_zscore} / 2",
+        stay=sub("${now} and abs(${zscore}) > ${hysteresis:half} * ${anomaly:spike_zscore}",
                  now=steps("window_median", "verl_actor_pg_loss"), zscore=zscore("verl_actor_pg_loss", "window_median")),
         for_="0s",
         summary="The policy loss stays far from the run's own normal.",
@@ -193,7 +201,7 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
         expr=sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${early}"
                  " and ${entropy} - ${early} > ${anomaly:entropy_rise_min}",
                  entropy=steps("recent_min", "verl_actor_entropy"), early=ENTROPY_EARLY),
-        stay=sub("${entropy} > (1 + ${anomaly:entropy_rise_ratio}) / 2 * ${early}",
+        stay=sub("${entropy} > (1 + ${anomaly:entropy_rise_ratio}) * ${hysteresis:half} * ${early}",
                  entropy=steps("window_median", "verl_actor_entropy"), early=ENTROPY_EARLY),
         for_="0s",
         summary="Policy entropy rose well above the run's own normal.",

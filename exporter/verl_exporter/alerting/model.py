@@ -127,6 +127,10 @@ class Group:
                 raise ValueError(f"{self.name}: a `for` of {shortest:g}s is too short for interval {self.interval}")
 
 
+# How much looser the condition an alert stays firing on (``stay``) is than the one that starts it:
+# ``${hysteresis:half}`` of a z-score or of the way back to normal, twice or three times a small margin.
+HYSTERESIS = {"half": 0.5, "twice": 2.0, "thrice": 3.0}
+
 # Step statistics (step_windows.py), by the words the rules use.
 HELD_STATS = {">": "recent_min", "<": "recent_max"}  # the condition at each of the last 3 steps
 

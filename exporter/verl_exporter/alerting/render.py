@@ -33,6 +33,7 @@ EXTRA_THRESHOLDS = {
     **mismatch.EXTRA,
     **rollout.EXTRA,
     **nodes.EXTRA,
+    "hysteresis": model.HYSTERESIS,
 }
 # ${NAME} in the definitions: the text constants of the definition modules.
 FRAGMENTS = model.fragments(model, settings, training, mismatch, system, nodes, rollout, anomaly)

@@ -71,7 +71,7 @@ ENTROPY_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')} - {steps('long_
                 f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{actor/entropy:flat_change_ratio}}")
 ENTROPY_ABOUT_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')}"
                       f" - {steps('long_prior_mean', 'verl_actor_entropy')})"
-                      f" / {steps('long_prior_mean', 'verl_actor_entropy')} < 2 * ${{actor/entropy:flat_change_ratio}}")
+                      f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{hysteresis:twice}} * ${{actor/entropy:flat_change_ratio}}")
 # The critic's loss over the last 10 steps has not fallen by its share from the 10 steps before.
 VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic/vf_loss:min_drop_ratio}})"
                 f" * {steps('prior_mean', 'verl_critic_vf_loss')}")
@@ -176,7 +176,7 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         name="VerlEntropyFlat", severity="warning",
         expr="${ENTROPY_FLAT} and ${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
         " unless ${NEAR_BEST}",
-        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < 2 * ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
+        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < ${hysteresis:twice} * ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
         " unless ${NEAR_BEST}",
         for_="0s",
         summary="Entropy and score have both stayed flat: the policy is not learning.",
@@ -358,7 +358,7 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     Alert(
         name="VerlScoreNotImproving", severity="info",
         expr="${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}",
-        stay="${SCORE_LONG_GAIN} < 3 * ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="0s",
+        stay="${SCORE_LONG_GAIN} < ${hysteresis:thrice} * ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="0s",
         summary="The mean score has not improved for 30 steps.",
         description="Run ${RUN}: critic/score/mean changed by ${NUMBER} over the last 30 steps against the 30 "
         "before (less than ${critic/score/mean:min_gain}).",
