@@ -1,7 +1,6 @@
 """Every family the exporter serves itself, as data: name, type, HELP and labels.
 
-The bottom of the package: it imports nothing of it but ``step_windows`` (the step statistics' names).
-Collectors build their families from these
+The bottom of the package: it imports nothing of it. Collectors build their families from these
 entries (``Family.new``); the catalog takes the names logged keys may not have from here
 (``reserved_names``), so renaming a family here renames it everywhere, and a logged key can
 never take it. Logged verl keys are not listed: the catalog names them (``catalog.yaml``).
@@ -17,8 +16,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-from .step_windows import STATS as STEP_STATS
 
 Built = GaugeMetricFamily | CounterMetricFamily  # what ``Family.new`` gives: a family samples are added to
 RUN = ("project", "experiment")
@@ -181,6 +178,22 @@ JOB_INFO = _by_key(
                      (*RUN, "scheduler", "job_id", "state", "exit_code", "reason"))),
 )
 
+# The statistics over a run's own steps (step_windows.py computes them), by name: what each is.
+STEP_STATS = {
+    "recent_min": "Lowest value of the run's last 3 steps",
+    "recent_max": "Highest value of the run's last 3 steps",
+    "window_median": "Median of the run's last 10 steps",
+    "window_mean": "Mean of the run's last 10 steps",
+    "prior_mean": "Mean of the 10 steps before the run's last 10",
+    "prior_stddev": "Standard deviation of the 10 steps before the run's last 10",
+    "long_mean": "Mean of the run's last 30 steps",
+    "long_prior_mean": "Mean of the 30 steps before the run's last 30",
+    "early_median": "Median of the run's first 10 steps",
+    "best_window_mean": "Highest mean of 10 consecutive steps of the run so far",
+    "run_max": "Highest value of every step of the run so far",
+    "run_min": "Lowest value of every step of the run so far",
+}
+
 # One run's own families, in the order they are served; the run's logged metrics follow, by name.
 TRAINING_RUN = _by_key(
     ("last_step", _gauge("verl_training_last_step", "Last training step seen for the run.", RUN)),
@@ -236,7 +249,7 @@ TRAINING_RUN = _by_key(
     *((f"steps_{stat}", _gauge(f"verl_training_{stat}", f"{text} (metric: the served name, in its base unit); "
                                "absent until the run has logged the metric at that many steps.", (*RUN, "metric"),
                                optional=True))
-      for stat, (_, text) in STEP_STATS.items()),
+      for stat, text in STEP_STATS.items()),
     # Its labels besides the run's are the run config's info labels the catalog lists.
     ("config_info", _gauge("verl_run_config_info", "The run's string settings (verl's run config) as labels.", RUN,
                            optional=True)),

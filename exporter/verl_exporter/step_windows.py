@@ -24,7 +24,7 @@ term of its own. Non-finite values are left out (``verl_training_nonfinite_value
 them). Cardinality: at most one series per (run, metric, statistic) of ``WATCHED`` below, which
 lists only what the shipped rules read (``tests/unit/test_step_windows.py`` keeps the two equal).
 
-The bottom of the package: it imports nothing of it.
+Below the store and the collectors; it imports only the schema (the statistics' names).
 """
 
 from __future__ import annotations
@@ -34,26 +34,30 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from .schema import STEP_STATS
+
 RECENT = 3  # "held": the condition at each of the last RECENT steps
 WINDOW = 10  # "half-true": the median of the last WINDOW steps; also the trend windows
 EARLY = 10  # the run's baseline: its first EARLY steps
 LONG = 30  # slow trends (plateaus): the last LONG steps against the LONG before
 
-# statistic -> (steps it needs, what it is), in the order served.
+# statistic -> the steps it needs (schema.STEP_STATS says what each is, in the order served).
 STATS = {
-    "recent_min": (RECENT, f"Lowest value of the run's last {RECENT} steps"),
-    "recent_max": (RECENT, f"Highest value of the run's last {RECENT} steps"),
-    "window_median": (WINDOW, f"Median of the run's last {WINDOW} steps"),
-    "window_mean": (WINDOW, f"Mean of the run's last {WINDOW} steps"),
-    "prior_mean": (2 * WINDOW, f"Mean of the {WINDOW} steps before the run's last {WINDOW}"),
-    "prior_stddev": (2 * WINDOW, f"Standard deviation of the {WINDOW} steps before the run's last {WINDOW}"),
-    "long_mean": (LONG, f"Mean of the run's last {LONG} steps"),
-    "long_prior_mean": (2 * LONG, f"Mean of the {LONG} steps before the run's last {LONG}"),
-    "early_median": (EARLY, f"Median of the run's first {EARLY} steps"),
-    "best_window_mean": (WINDOW, f"Highest mean of {WINDOW} consecutive steps of the run so far"),
-    "run_max": (1, "Highest value of every step of the run so far"),
-    "run_min": (1, "Lowest value of every step of the run so far"),
+    "recent_min": RECENT,
+    "recent_max": RECENT,
+    "window_median": WINDOW,
+    "window_mean": WINDOW,
+    "prior_mean": 2 * WINDOW,
+    "prior_stddev": 2 * WINDOW,
+    "long_mean": LONG,
+    "long_prior_mean": 2 * LONG,
+    "early_median": EARLY,
+    "best_window_mean": WINDOW,
+    "run_max": 1,
+    "run_min": 1,
 }
+if list(STATS) != list(STEP_STATS):
+    raise RuntimeError("step_windows.STATS and schema.STEP_STATS must name the same statistics")
 
 _ALL = frozenset(STATS)
 _HELD = frozenset({"recent_min", "recent_max", "window_median"})
@@ -89,7 +93,7 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
     "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
 }
-LONGEST = max(steps for steps, _ in STATS.values() if steps > 1)
+LONGEST = max(STATS.values())
 
 
 @dataclass
@@ -125,7 +129,7 @@ class StepWindow:
 
     def stat(self, name: str) -> float | None:
         """Statistic ``name`` of ``STATS``, or None while the run has too few steps of it."""
-        needed = STATS[name][0]
+        needed = STATS[name]
         if len(self.last) < needed and name != "early_median":
             return None
         values = [value for _, value in self.last]

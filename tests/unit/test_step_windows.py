@@ -37,7 +37,7 @@ def test_each_statistic_over_its_own_steps():
 
 @pytest.mark.parametrize("stat", sorted(STATS))
 def test_a_statistic_is_absent_until_its_window_is_full(stat):
-    needed = STATS[stat][0]
+    needed = STATS[stat]
     assert window_of([1.0] * (needed - 1)).stat(stat) is None or needed == 1
     assert window_of([1.0] * needed).stat(stat) == (0.0 if stat == "prior_stddev" else 1.0)
 

@@ -111,9 +111,11 @@ def test_orjson_null_in_a_filelogger_file_is_served_as_nan_and_counted(tmp_path)
     assert math.isnan(values[("verl_actor_grad_norm", run)])
     assert values[("verl_training_nonfinite_values_total",
                    (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 1
+    assert values[("verl_training_nonfinite_last_step",
+                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 2
     # ... and VerlTrainingNonFinite selects that series.
     rules = yaml.safe_load((shipped.rules_dir() / "verl-operations.rules.yml").read_text())
     expr = next(rule["expr"] for group in rules["groups"] for rule in group["rules"]
                 if rule.get("alert") == "VerlTrainingNonFinite")
-    selector = re.search(r'verl_training_nonfinite_values_total\{key=~"([^"]+)"\}', expr).group(1)
+    selector = re.search(r'verl_training_nonfinite_last_step\{key=~"([^"]+)"\}', expr).group(1)
     assert re.fullmatch(selector, "actor/grad_norm")
