@@ -45,9 +45,11 @@ EXPECTED: dict[tuple[str, str, str], set[str]] = {
     ("truncation", "ppo", "jsonl"): {"VerlResponsesOftenTruncated", "VerlResponsesTruncated"},
     ("stall", "ppo", "jsonl"): {"VerlTrainingStalled"},
     ("nan", "ppo", "console"): {"VerlTrainingNonFinite"},
+    # A spike of 12 steps is also 12 steps of a KL over 0.05 and, for PPO, of a critic loss 20 times higher.
     ("grad-spike", "ppo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlCriticVfLossSpike",
-                                     "VerlPolicyKlSpike"},
-    ("grad-spike", "grpo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlPolicyKlSpike"},
+                                     "VerlPolicyKlSpike", "VerlPolicyChangeTooLarge", "VerlCriticLossNotDecreasing"},
+    ("grad-spike", "grpo", "jsonl"): {"VerlActorGradNormSpike", "VerlActorPgLossSpike", "VerlPolicyKlSpike",
+                                      "VerlPolicyChangeTooLarge"},
     ("rollout-mismatch", "grpo", "jsonl"): {"VerlRolloutActorProbsUncorrelated", "VerlRolloutChiSquaredHigh",
                                             "VerlRolloutIsWeightsConcentrated", "VerlRolloutOffPolicyGap",
                                             "VerlRolloutProbsDiffHigh", "VerlRolloutProbsDiffMaxHigh"},

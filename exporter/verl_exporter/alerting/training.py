@@ -254,7 +254,10 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     Alert(
         name="VerlCriticLearningSlowly", severity="info",
         expr=held("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}") + " and "
-        + mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}") + " and ${WARMED_CRITIC}",
+        + mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}") + " and "
+        + steps("window_mean", "verl_critic_vf_explained_var") + " - "
+        + steps("prior_mean", "verl_critic_vf_explained_var") + " < ${critic/vf_explained_var:learning_rise}"
+        " and ${WARMED_CRITIC}",
         stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}"), for_="0s",
         summary="The critic explains less than 30% of the returns' variance.",
         description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} at each of "
