@@ -20,7 +20,7 @@ THROTTLED = "|".join(THROTTLE_REASONS)
 
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
 # more than `stalled_steps` times its longest step of the last 3 (of its steps so far while it has
-# fewer), and at least the catalog's slowest healthy step. A run that has not logged the time of a
+# fewer). A run that has not logged the time of a
 # step yet is not stalled: its first step (model loading, rollout start-up) may take over an hour;
 # VerlTrainingNoFirstStep watches it. Measured at the scrape (timestamp()), not at evaluation, so the
 # scrape interval adds nothing.
@@ -33,7 +33,7 @@ SAVING_FOR = (
 )
 STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
-    " > ${RUN_MATCH} clamp_min(${timing_s/step:stalled_steps} * (${STEP_TIME}), ${timing_s/step:too_slow})"
+    " > ${RUN_MATCH} ${timing_s/step:stalled_steps} * (${STEP_TIME})"
     " unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
     " unless ${RUN_MATCH} ${SAVING_FOR} < ${RUN_MATCH} clamp_min(${system:checkpoint_save_ceiling_steps}"
     " * (${STEP_TIME}), ${system:checkpoint_save_ceiling_seconds})"
