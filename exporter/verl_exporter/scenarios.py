@@ -16,7 +16,7 @@ SCENARIOS: dict[str, str] = {
     "healthy-grpo": "on-policy GRPO (ppo_epochs 1, one mini-batch per batch): pg_clipfrac ~0.0008, ppo_kl ~-8e-06, "
                     "no critic; score rises 0.15 -> 0.8",
     "lr-too-high": "pg_clipfrac ~0.8, ppo_kl ~0.1, actor/grad_norm pinned at the clip value 1.0, score flat",
-    "critic-underfit": "vf_explained_var stays negative, vf_loss stuck near 45, vpred_mean far below returns",
+    "critic-underfit": "vf_explained_var stays negative (-0.8), vf_loss stuck near 45, vpred_mean far below returns",
     "entropy-collapse": "entropy 0.6 -> 0.05 within ~10 steps, ppo_kl -> 0.0001, score stops improving",
     "truncation": "85% of responses hit max_response_length (response_length/clip_ratio ~0.85)",
     "stall": "healthy, then the job hangs: no step is written after stall_after steps",
@@ -71,7 +71,7 @@ def _targets(scenario: str, t: int) -> dict[str, float]:
         v.update(pg_clipfrac=0.8 + 0.04 * math.sin(t / 2), ppo_kl=0.1 + 0.02 * math.sin(t / 3),
                  pg_loss=0.5 + 0.03 * math.sin(t / 4), grad_norm=GRAD_CLIP, grad_norm_pinned=1.0, score=0.003)
     elif scenario == "critic-underfit":
-        v.update(vf_loss=45.0, explained_var=-0.2, returns=5.7, vpred_gap=-5.6,
+        v.update(vf_loss=45.0, explained_var=-0.8, returns=5.7, vpred_gap=-5.6,
                  score=0.15 + 0.15 * (1 - decay(60)))
     elif scenario == "entropy-collapse":
         early = math.exp(-(t - 1) / 2.7)  # 1 at the first step

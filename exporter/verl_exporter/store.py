@@ -148,8 +148,10 @@ class RunStore:
 
     def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
         """Add this step's value of each metric the rules judge in steps (``step_windows``)."""
-        watched = self._watched
+        watched, latest = self._watched, state.values
         for key, value in values.items():
+            if key not in latest:  # refused by the series cap: not resolved, not remembered
+                continue
             target = watched[key] if key in watched else self._watched_name(key)
             if target is None:
                 continue

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from real_runs import VERDICTS, available_runs, log_files, replay_files, require_real_runs
+from real_runs import FOLDERS, VERDICTS, VERDICTS_OF, available_runs, log_files, replay_files, require_run
 
 VERDICT_KINDS = {"healthy", "failing", "degraded", "short", "no-steps"}
 
 
-def test_every_real_run_has_a_verdict():
-    require_real_runs()
-    runs = set(available_runs())
-    assert runs, "the real-runs folder holds no run"
-    assert runs - set(VERDICTS) == set(), "runs without a verdict in tests/history/real_runs.yml"
+@pytest.mark.parametrize("folder", sorted(FOLDERS), ids=lambda folder: folder.name)
+def test_every_real_run_has_a_verdict(folder):
+    if not folder.is_dir():
+        pytest.skip(f"no real-run logs at {folder}")
+    runs = set(available_runs(folder))
+    assert runs, f"{folder} holds no run"
+    assert runs - set(VERDICTS_OF[folder]) == set(), f"runs without a verdict in tests/history/{FOLDERS[folder]}"
     for name, entry in VERDICTS.items():
         assert entry["verdict"] in VERDICT_KINDS, name
         assert entry.get("why"), f"{name}: say why"
@@ -26,9 +28,7 @@ def test_every_real_run_has_a_verdict():
 
 @pytest.mark.parametrize("run", sorted(VERDICTS))
 def test_real_run_replays_to_its_verdict(tmp_path, run):
-    require_real_runs()
-    if run not in available_runs():
-        pytest.skip(f"{run} is not in the real-runs folder")
+    require_run(run)
     entry = VERDICTS[run]
     files = log_files(run)
     replayed = replay_files(files, tmp_path)

@@ -21,7 +21,10 @@ SCORE = "verl_critic_score_mean"
 SCORE_GAIN = f"({steps('window_mean', SCORE)} - {steps('prior_mean', SCORE)})"
 # The same over the last 30 steps and the 30 before (needs 60): a plateau, told from noise.
 SCORE_LONG_GAIN = f"({steps('long_mean', SCORE)} - {steps('long_prior_mean', SCORE)})"
-SCORE_STALLED = "${SCORE_GAIN} < ${critic/score/mean:min_gain}"
+# The score has not risen over the last 10 steps against the 10 before, or (a young run, or one whose
+# trend is not known yet) none of its last 3 steps is above its first 10 steps' median.
+SCORE_STALLED = ("(${SCORE_GAIN} < ${critic/score/mean:min_gain}"
+                 f" or {steps('recent_max', SCORE)} - {steps('early_median', SCORE)} < ${{critic/score/mean:min_gain}})")
 # The score's range over the run, from the batches' best and worst sequence scores.
 SCORE_RANGE = (f"({steps('run_max', 'verl_critic_score_max')} - {steps('run_min', 'verl_critic_score_min')})")
 # The middle of that range: below it the score is in the lower half of what the batches scored.
