@@ -3,12 +3,14 @@
 Windows are steps of the run (``step_windows``), never minutes, so a run gets the same diagnosis
 at the same step whether its steps take 20 seconds or an hour. A spike or a shift compares the
 last 3 steps (each of them: a spike of a step or two that recovers, common in healthy runs, does
-not count; a spike must also hold at about half of the last 10) with the mean and spread of the 10 steps before the last 10, so that the move is not yet
-part of the normal it is measured against. The spread has a floor per metric (at least the 0.001
-that verl before 0.5 prints), so a series that barely moves or is rounded does not turn noise into
-huge z-scores; and nothing is served until the run has 20 steps of the metric, so the first steps
-(warm-up, fast early changes) never alert. An alert stays firing while the median of the last 10
-steps is still half as far out (``stay``): one incident, one notification.
+not count; a spike must also hold at about half of the last 10) with the mean and spread of the
+10 steps before the last 10, so that the move is not yet part of the normal it is measured
+against. The spread has a floor per metric (at least the 0.001 that verl before 0.5 prints), so a
+series that barely moves or is rounded does not turn noise into huge z-scores; and nothing is
+served until the run has 20 steps of the metric, so the first steps (warm-up, fast early changes)
+never alert. An alert stays firing while the median of the last 10 steps is still half as far
+out, or (collapses) still far below the run's best 10 steps (``stay``): one incident, one
+notification.
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ def _spike(metric: str, key: str, name: str, what: str, meaning: str, fix: str) 
                  " and ${median} > ${hysteresis:half} * ${anomaly:spike_zscore})", low=steps("recent_min", metric),
                  zscore=zscore(metric, "recent_min"), change=change(metric, "recent_min"),
                  median=zscore(metric, "window_median")),
-        stay=sub("${median} and ${zscore} > ${hysteresis:half} * ${anomaly:spike_zscore}", median=steps("window_median", metric),
+        stay=sub("${median} and ${zscore} > ${hysteresis:half} * ${anomaly:spike_zscore}",
+                 median=steps("window_median", metric),
                  zscore=zscore(metric, "window_median")),
         for_="0s",
         summary=sub("${what} stays far above the run's own normal.", what=what),
         description=sub("Run ${RUN}: ${key} is ${NUMBER} or more, far above its mean over the 10 steps before "
-                        "the last 10 (over ${anomaly:spike_zscore} of their standard deviations and ${anomaly:spike_change} "
+                        "the last 10 (over ${anomaly:spike_zscore} of their standard deviations and "
+                        "${anomaly:spike_change} "
                         "of that mean at each of the last 3 steps, and high at about half of the last 10): a spike "
                         "that did not recover.", key=key),
         meaning=meaning, fix=fix)
@@ -114,7 +118,8 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
 
 ENTROPY_EARLY = steps("early_median", "verl_actor_entropy")
 # The run's response length before: its first 10 steps, or the 10 steps before the last 10.
-LENGTH_BEFORE = {"<": (steps("early_median", "verl_response_length_mean"), steps("prior_mean", "verl_response_length_mean"))}
+LENGTH_BEFORE = {"<": (steps("early_median", "verl_response_length_mean"),
+                       steps("prior_mean", "verl_response_length_mean"))}
 LENGTH_BEFORE[">"] = LENGTH_BEFORE["<"]
 
 
@@ -146,7 +151,8 @@ def _length_shift(name: str, comparison: str, ratio: str, summary: str, meaning:
 ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The run's own normal (anomalies)", alerts=(
     _spike("verl_actor_grad_norm", "actor/grad_norm", "VerlActorGradNormSpike", "The actor's gradient norm",
            "`actor/grad_norm` at each of the last 3 steps is more than ${anomaly:spike_zscore} standard "
-           "deviations above its mean over the 10 steps before the last 10, and more than twice that mean. Healthy runs have one-step spikes (70 against a "
+           "deviations above its mean over the 10 steps before the last 10, and more than twice that mean. Healthy "
+           "runs have one-step spikes (70 against a "
            "usual 1) that recover at the next step: those do not alert. A gradient norm that stays high "
            "comes with degenerate responses or a numerical problem and usually precedes a collapse.",
            "Look at the samples of those steps (response lengths, rewards); check `actor/pg_clipfrac` and "
@@ -162,18 +168,21 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
     Alert(
         name="VerlActorPgLossSpike", severity="warning",
         expr=sub("${now} and (${high} > ${anomaly:spike_zscore} or ${low} < -${anomaly:spike_zscore})"
-                 " and abs(${median}) > ${hysteresis:half} * ${anomaly:spike_zscore}", now=steps("window_median", "verl_actor_pg_loss"),
+                 " and abs(${median}) > ${hysteresis:half} * ${anomaly:spike_zscore}",
+                 now=steps("window_median", "verl_actor_pg_loss"),
                  high=zscore("verl_actor_pg_loss", "recent_min"), low=zscore("verl_actor_pg_loss", "recent_max"),
                  median=zscore("verl_actor_pg_loss", "window_median")),
         stay=sub("${now} and abs(${zscore}) > ${hysteresis:half} * ${anomaly:spike_zscore}",
-                 now=steps("window_median", "verl_actor_pg_loss"), zscore=zscore("verl_actor_pg_loss", "window_median")),
+                 now=steps("window_median", "verl_actor_pg_loss"),
+                 zscore=zscore("verl_actor_pg_loss", "window_median")),
         for_="0s",
         summary="The policy loss stays far from the run's own normal.",
         description="Run ${RUN}: actor/pg_loss is ${NUMBER} (the median of its last 10 steps), more than "
         "${anomaly:spike_zscore} standard deviations of the 10 steps before those from their mean at each of the "
         "last 3 steps.",
         meaning="`actor/pg_loss` sits near 0 and moves slowly; 3 steps more than ${anomaly:spike_zscore} "
-        "standard deviations of the steps before away (either sign, the deviation at least 0.05: healthy runs move it by up to "
+        "standard deviations of the steps before away (either sign, the deviation at least 0.05: healthy runs move "
+        "it by up to "
         "0.06 for hours while they learn) mean batches with extreme advantages or ratios, as in a collapse.",
         fix="Check `critic/advantages/max` and `/min` and `actor/pg_clipfrac` at that step; look for reward "
         "outliers in the batch."),
@@ -219,7 +228,8 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
     _length_shift("VerlResponseLengthCollapsed", "<", "length_drop_ratio",
                   "Responses became far shorter than the run's own normal.",
                   "Each of the last 3 steps' response length is under half of the run's first 10 steps' median "
-                  "or of the mean of the 10 steps before the last 10: the policy learned to stop early (a reward that favours short answers, a "
+                  "or of the mean of the 10 steps before the last 10: the policy learned to stop early (a reward "
+                  "that favours short answers, a "
                   "format shortcut, a KL penalty that outweighs the score) or generation is broken (EOS, "
                   "stop tokens). Real collapses go from about 1,000 tokens to 1-10.",
                   "Read a few responses of the latest steps; check the reward function for length effects, "
@@ -228,7 +238,8 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
     _length_shift("VerlResponseLengthExploded", ">", "length_rise_ratio",
                   "Responses became far longer than the run's own normal.",
                   "Each of the last 3 steps' response length is more than twice the run's first 10 steps' "
-                  "median or the mean of the 10 steps before the last 10: repetition loops or rambling, often right before "
+                  "median or the mean of the 10 steps before the last 10: repetition loops or rambling, often right "
+                  "before "
                   "`response_length/clip_ratio` rises and the rewards fall.",
                   "Read a few responses; watch `response_length/clip_ratio`; consider a length penalty or a "
                   "lower sampling temperature."),

@@ -135,7 +135,8 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     Alert(
         name="VerlThroughputDropped", severity="warning",
         expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
-        stay=steps("window_median", "verl_perf_throughput") + " < (1 + ${perf/throughput:drop_ratio}) * ${hysteresis:half} * "
+        stay=steps("window_median", "verl_perf_throughput")
+        + " < (1 + ${perf/throughput:drop_ratio}) * ${hysteresis:half} * "
         + steps("best_window_mean", "verl_perf_throughput"), for_="0s",
         summary="Training throughput fell to half of the run's own earlier throughput.",
         description="Run ${RUN}: perf/throughput is ${NUMBER} tokens/s per GPU or less at each of the last 3 steps, "
@@ -153,7 +154,8 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         name="VerlActorMfuLow", severity="info",
         expr=steps("recent_max", "verl_perf_mfu_actor") + " < ${perf/mfu/actor:drop_ratio} * "
         + steps("prior_mean", "verl_perf_mfu_actor"),
-        stay=steps("window_median", "verl_perf_mfu_actor") + " < (1 + ${perf/mfu/actor:drop_ratio}) * ${hysteresis:half} * "
+        stay=steps("window_median", "verl_perf_mfu_actor")
+        + " < (1 + ${perf/mfu/actor:drop_ratio}) * ${hysteresis:half} * "
         + steps("best_window_mean", "verl_perf_mfu_actor"), for_="0s",
         summary="Actor model FLOPs utilisation fell to half of the run's own.",
         description="Run ${RUN}: perf/mfu/actor is ${PERCENT} or less at each of the last 3 steps, under "
@@ -327,7 +329,8 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         name="VerlTrainingLogErrors", severity="warning",
         expr=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}', "${system:recent_steps}")
         + " >= 1 ${UNFINISHED}",
-        stay=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}', "${hysteresis:twice} * ${system:recent_steps}")
+        stay=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}',
+                           "${hysteresis:twice} * ${system:recent_steps}")
         + " >= 1 ${UNFINISHED}", for_="0m",
         summary="The log of a running run shows errors (NCCL timeout, segfault, dead Ray actor, traceback).",
         description="Run ${RUN}: its log showed {{ $labels.kind }} errors at step {{ $value }}, within the run's "

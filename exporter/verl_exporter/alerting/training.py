@@ -24,7 +24,8 @@ SCORE_LONG_GAIN = f"({steps('long_mean', SCORE)} - {steps('long_prior_mean', SCO
 # The score has not risen over the last 10 steps against the 10 before, or (a young run, or one whose
 # trend is not known yet) none of its last 3 steps is above its first 10 steps' median.
 SCORE_STALLED = ("(${SCORE_GAIN} < ${critic/score/mean:min_gain}"
-                 f" or {steps('recent_max', SCORE)} - {steps('early_median', SCORE)} < ${{critic/score/mean:min_gain}})")
+                 f" or {steps('recent_max', SCORE)} - {steps('early_median', SCORE)} < "
+                 f"${{critic/score/mean:min_gain}})")
 # The score's range over the run, from the batches' best and worst sequence scores.
 SCORE_RANGE = (f"({steps('run_max', 'verl_critic_score_max')} - {steps('run_min', 'verl_critic_score_min')})")
 # The middle of that range: below it the score is in the lower half of what the batches scored.
@@ -47,7 +48,8 @@ def grad_pinned(metric: str, clip: str, tolerance: str, held_stats: tuple[str, s
     """``metric``'s statistics ``held_stats`` (low, high) within ``tolerance`` (relative) of the run's
     own grad_clip (recording rule ``clip``)."""
     low, high = (steps(stat, metric) for stat in held_stats)
-    return sub("${low} >= ${RUN_MATCH} ((1 - ${tolerance}) * ${clip}) and ${high} <= ${RUN_MATCH} ((1 + ${tolerance}) * ${clip})",
+    return sub("${low} >= ${RUN_MATCH} ((1 - ${tolerance}) * ${clip})"
+               " and ${high} <= ${RUN_MATCH} ((1 + ${tolerance}) * ${clip})",
                low=low, high=high, clip=clip, tolerance=tolerance)
 
 
@@ -74,12 +76,14 @@ ENTROPY_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')} - {steps('long_
                 f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{actor/entropy:flat_change_ratio}}")
 ENTROPY_ABOUT_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')}"
                       f" - {steps('long_prior_mean', 'verl_actor_entropy')})"
-                      f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{hysteresis:twice}} * ${{actor/entropy:flat_change_ratio}}")
+                      f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{hysteresis:twice}} * "
+                      f"${{actor/entropy:flat_change_ratio}}")
 # The critic's loss over the last 10 steps has not fallen by its share from the 10 steps before.
 VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic/vf_loss:min_drop_ratio}})"
                 f" * {steps('prior_mean', 'verl_critic_vf_loss')}")
 # The critic's values and the returns apart at about half of the last 10 steps (their medians).
-VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')} - {steps('window_median', 'verl_critic_returns_mean')})"
+VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')}"
+             f" - {steps('window_median', 'verl_critic_returns_mean')})"
              " > ${critic/vpred_mean:max_gap_to_returns}")
 # Entropy not collapsed (that is VerlEntropyCollapsing's and VerlPrematureConvergence's to tell).
 ENTROPY_LEFT = steps("recent_min", "verl_actor_entropy") + " > ${actor/entropy:collapsed}"
@@ -108,8 +112,10 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         stay=mostly("verl_actor_pg_clipfrac", "<", "${actor/pg_clipfrac:conservative}") + " and ${MULTI_UPDATE}",
         for_="0s",
         summary="PPO has clipped almost no policy updates for many steps.",
-        description="Run ${RUN}: actor/pg_clipfrac has stayed below ${actor/pg_clipfrac:conservative} at each of the last 3 "
-        "steps and most of the last 10 (at most ${PERCENT}; clip_ratio ${CLIP_RATIO}): policy updates are conservative and learning may be slow.",
+        description="Run ${RUN}: actor/pg_clipfrac has stayed below ${actor/pg_clipfrac:conservative} at each of the "
+                    "last 3 "
+        "steps and most of the last 10 (at most ${PERCENT}; clip_ratio ${CLIP_RATIO}): policy updates are "
+        "conservative and learning may be slow.",
         meaning="The guide calls below 0.05 conservative, but healthy real runs that update several times per "
         "rollout clip 0.1-0.5% of their samples (0.001-0.005) for their whole life: the rule waits for "
         "below 0.001, where almost no update reaches the clip range and the policy changes little per step. "
@@ -179,7 +185,8 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         name="VerlEntropyFlat", severity="warning",
         expr="${ENTROPY_FLAT} and ${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
         " unless ${NEAR_BEST}",
-        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < ${hysteresis:twice} * ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
+        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < ${hysteresis:twice} * ${critic/score/mean:min_gain} and "
+             "${ENTROPY_LEFT}"
         " unless ${NEAR_BEST}",
         for_="0s",
         summary="Entropy and score have both stayed flat: the policy is not learning.",
@@ -263,7 +270,8 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
         " and ${WARMED_CRITIC}",
         stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:learning}"), for_="0s",
         summary="The critic explains less than 30% of the returns' variance.",
-        description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} at each of "
+        description="Run ${RUN}: critic/vf_explained_var has stayed below ${critic/vf_explained_var:learning} at "
+                    "each of "
         "the last 3 steps and most of the last 10 (at most ${NUMBER}).",
         meaning="During training explained variance should reach 0.2-0.8 and above 0.7 when it converges; below "
         "0.3 for long the critic is not learning enough (guide 11.2, step 3).",
