@@ -89,6 +89,13 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_response_length_mean": _HELD | {"early_median", "prior_mean"},
     "verl_response_length_clip_ratio": _HELD,
     "verl_prompt_length_clip_ratio": _HELD,
+    "verl_training_rollout_probs_diff_mean": _HELD,
+    "verl_training_rollout_probs_diff_max": _HELD,
+    "verl_training_rollout_actor_probs_pearson_corr": _HELD,
+    "verl_training_off_policy_trajectory_staleness_worst_max": _HELD,
+    **{f"verl_{actor}rollout_corr_{name}": _HELD for actor in ("", "actor_")
+       for name in ("kl", "k3_kl", "ppl_ratio", "chi2_token", "rollout_is_mean", "rollout_is_eff_sample_size",
+                    "rollout_is_std")},
     "verl_timing_step_seconds": frozenset({"recent_max", "run_max", "window_median", "prior_mean", "early_median"}),
     "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
     "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from verl_exporter.catalog import default_catalog
 
-from .model import PER_STEP_INTERVAL, Alert, Group, sub
+from .model import Alert, Group, held, mostly, steps_of_any, sub
 
 _CATALOG = default_catalog()
 # The thresholds are the catalog's (healthy ranges from the guides above), read once here so the
@@ -49,15 +49,25 @@ PRECISION_LINK = ("[verl's NPU migration guide, Precision Alignment](https://git
 ENABLE = "`actor_rollout_ref.rollout.calculate_log_probs=True`"
 
 
-def corr(name: str) -> str:
-    return sub('{__name__=~"${CORR}${name}"}', name=name)
+def corr(name: str, stat: str) -> str:
+    """Step statistic ``stat`` of rollout_corr/``name``, under either spelling."""
+    return steps_of_any(stat, CORR + name, (f"verl_rollout_corr_{name}", f"verl_actor_rollout_corr_{name}"))
+
+
+def corr_held(name: str, op: str, threshold: str) -> str:
+    return f"{corr(name, 'recent_min' if op == '>' else 'recent_max')} {op} {threshold}"
+
+
+def corr_mostly(name: str, op: str, threshold: str) -> str:
+    return f"{corr(name, 'window_median')} {op} {threshold}"
 
 
 MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
                  title="Training-inference mismatch and off-policy data", alerts=(
     Alert(
         name="VerlRolloutProbsDiffHigh", severity="warning",
-        expr="verl_training_rollout_probs_diff_mean > ${mismatch:probs_diff_mean}", for_="15m",
+        expr=held("verl_training_rollout_probs_diff_mean", ">", "${mismatch:probs_diff_mean}"),
+        stay=mostly("verl_training_rollout_probs_diff_mean", ">", "${mismatch:probs_diff_mean}"), for_="0s",
         summary="The rollout engine and the trainer disagree on token probabilities.",
         description="Run ${RUN}: training/rollout_probs_diff_mean is ${NUMBER}, above ${mismatch:probs_diff_mean}.",
         meaning="`training/rollout_probs_diff_mean` is the mean absolute difference between the probability the "
@@ -71,10 +81,12 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "(`algorithm.rollout_correction`, see ${DOC}), e.g. the `bypass_ppo_clip` preset."),
     Alert(
         name="VerlRolloutProbsDiffMaxHigh", severity="info",
-        expr="verl_training_rollout_probs_diff_max > ${mismatch:probs_diff_max}", for_="30m",
+        expr=held("verl_training_rollout_probs_diff_max", ">", "${mismatch:probs_diff_max}") + " and "
+        + mostly("verl_training_rollout_probs_diff_max", ">", "${mismatch:probs_diff_max}"),
+        stay=mostly("verl_training_rollout_probs_diff_max", ">", "${mismatch:probs_diff_max}"), for_="0s",
         summary="Some tokens get very different probabilities in rollout and training.",
-        description="Run ${RUN}: training/rollout_probs_diff_max is ${NUMBER}, above ${mismatch:probs_diff_max}, for "
-        "30 minutes.",
+        description="Run ${RUN}: training/rollout_probs_diff_max is ${NUMBER}, above ${mismatch:probs_diff_max}, at "
+        "each of the last 3 steps and most of the last 10.",
         meaning="The largest per-token probability difference stays near 1: some tokens are near-certain in one "
         "engine and unlikely in the other (${PRECISION_LINK} names this extreme case). A few such "
         "tokens can dominate the importance ratios.",
@@ -82,7 +94,8 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "check the tokenizer and chat template are the same for rollout and training."),
     Alert(
         name="VerlRolloutActorProbsUncorrelated", severity="warning",
-        expr="verl_training_rollout_actor_probs_pearson_corr < ${mismatch:pearson_min}", for_="15m",
+        expr=held("verl_training_rollout_actor_probs_pearson_corr", "<", "${mismatch:pearson_min}"),
+        stay=mostly("verl_training_rollout_actor_probs_pearson_corr", "<", "${mismatch:pearson_min}"), for_="0s",
         summary="Rollout and trainer log-probabilities are poorly correlated.",
         description="Run ${RUN}: training/rollout_actor_probs_pearson_corr is ${NUMBER}, "
         "below ${mismatch:pearson_min}.",
@@ -93,8 +106,14 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "training tokenization; then the precision of both engines."),
     Alert(
         name="VerlRolloutOffPolicyGap", severity="warning",
-        expr=sub("abs(${kl}) > ${mismatch:kl} or ${k3_kl} > ${mismatch:kl} or abs(ln(${ppl_ratio})) > ${mismatch:kl}",
-                 kl=corr("kl"), k3_kl=corr("k3_kl"), ppl_ratio=corr("ppl_ratio")), for_="15m",
+        # Each of the last 3 steps beyond, either side; the value is the KL's size.
+        expr=" or ".join((corr_held("kl", ">", "${mismatch:kl}"), "-" + corr("kl", "recent_max") + " > ${mismatch:kl}",
+                          corr_held("k3_kl", ">", "${mismatch:kl}"),
+                          "ln(" + corr("ppl_ratio", "recent_min") + ") > ${mismatch:kl}",
+                          "-ln(" + corr("ppl_ratio", "recent_max") + ") > ${mismatch:kl}")),
+        stay=sub("abs(${kl}) > ${mismatch:kl} or ${k3_kl} > ${mismatch:kl} or abs(ln(${ppl_ratio})) > ${mismatch:kl}",
+                 kl=corr("kl", "window_median"), k3_kl=corr("k3_kl", "window_median"),
+                 ppl_ratio=corr("ppl_ratio", "window_median")), for_="0s",
         summary="The rollout policy and the training policy have drifted apart (rollout KL too large).",
         description="Run ${RUN}: the KL between rollout and training policy (rollout_corr/kl, k3_kl or the log of "
         "ppl_ratio) is ${NUMBER}, beyond ${mismatch:kl}.",
@@ -106,7 +125,8 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "rollout and training engines are not too different (precision, versions, stale weights)."),
     Alert(
         name="VerlRolloutChiSquaredHigh", severity="warning",
-        expr=sub("${chi2} > ${mismatch:chi2}", chi2=corr("chi2_token")), for_="15m",
+        expr=corr_held("chi2_token", ">", "${mismatch:chi2}"),
+        stay=corr_mostly("chi2_token", ">", "${mismatch:chi2}"), for_="0s",
         summary="The rollout and training distributions have shifted severely (chi-squared).",
         description="Run ${RUN}: rollout_corr/chi2_token is ${NUMBER}, above ${mismatch:chi2}.",
         meaning="`chi2_token` is the second moment of the token IS weights minus 1; ${DOC_LINK} reads above 1.0 as a "
@@ -115,9 +135,10 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "rejection sampling, and check why rollout and training differ."),
     Alert(
         name="VerlRolloutIsWeightsOffCenter", severity="warning",
-        expr=sub("${mean} < ${mismatch:is_mean_min} or ${mean} > ${mismatch:is_mean_max}",
-                 mean=corr("rollout_is_mean")),
-        for_="15m",
+        expr=corr_held("rollout_is_mean", "<", "${mismatch:is_mean_min}") + " or "
+        + corr_held("rollout_is_mean", ">", "${mismatch:is_mean_max}"),
+        stay=corr_mostly("rollout_is_mean", "<", "${mismatch:is_mean_min}") + " or "
+        + corr_mostly("rollout_is_mean", ">", "${mismatch:is_mean_max}"), for_="0s",
         summary="The mean importance-sampling weight is far from 1.",
         description="Run ${RUN}: rollout_corr/rollout_is_mean is ${NUMBER}, outside ${mismatch:is_mean_min}-"
         "${mismatch:is_mean_max}.",
@@ -128,9 +149,10 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "correctly, then look for a systematic shift between the engines."),
     Alert(
         name="VerlRolloutIsWeightsConcentrated", severity="warning",
-        expr=sub("${ess} < ${mismatch:ess_min} or ${std} > ${mismatch:is_std_max}",
-                 ess=corr("rollout_is_eff_sample_size"), std=corr("rollout_is_std")),
-        for_="15m",
+        expr=corr_held("rollout_is_eff_sample_size", "<", "${mismatch:ess_min}") + " or "
+        + corr_held("rollout_is_std", ">", "${mismatch:is_std_max}"),
+        stay=corr_mostly("rollout_is_eff_sample_size", "<", "${mismatch:ess_min}") + " or "
+        + corr_mostly("rollout_is_std", ">", "${mismatch:is_std_max}"), for_="0s",
         summary="Importance-sampling weights concentrate on few samples.",
         description="Run ${RUN}: the IS weights' effective sample size (fraction of the batch) or std is "
         "${NUMBER}: below "
@@ -142,7 +164,9 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "and verify rollout and training are not too different."),
     Alert(
         name="VerlRolloutTrajectoriesStale", severity="warning",
-        expr="verl_training_off_policy_trajectory_staleness_worst_max >= ${mismatch:staleness_max}", for_="15m",
+        expr=held("verl_training_off_policy_trajectory_staleness_worst_max", ">=", "${mismatch:staleness_max}"),
+        stay=mostly("verl_training_off_policy_trajectory_staleness_worst_max", ">=", "${mismatch:staleness_max}"),
+        for_="0s",
         summary="Asynchronous training trains on very stale trajectories.",
         description="Run ${RUN}: the stalest trajectory was generated ${NUMBER} model versions before the one trained.",
         meaning="`training/off_policy/trajectory_staleness_worst/*` is the gap between the oldest model version "
@@ -152,6 +176,6 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         fix="Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
         "(`parameter_sync_step`); enable rollout correction; give rollout more resources if the trainer "
         "outpaces it."),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 GROUPS = (MISMATCH,)

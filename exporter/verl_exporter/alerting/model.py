@@ -132,7 +132,7 @@ class Group:
 HYSTERESIS = {"half": 0.5, "twice": 2.0, "thrice": 3.0}
 
 # Step statistics (step_windows.py), by the words the rules use.
-HELD_STATS = {">": "recent_min", "<": "recent_max"}  # the condition at each of the last 3 steps
+HELD_STATS = {">": "recent_min", ">=": "recent_min", "<": "recent_max"}  # the condition at each of the last 3 steps
 
 
 def steps(stat: str, metric: str) -> str:
@@ -141,6 +141,14 @@ def steps(stat: str, metric: str) -> str:
     if stat not in WATCHED.get(metric, ()):
         raise KeyError(f"step statistic {stat} of {metric} is not served: add it to step_windows.WATCHED")
     return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
+
+
+def steps_of_any(stat: str, pattern: str, names: tuple[str, ...]) -> str:
+    """``steps`` of whichever of ``names`` (the spellings of one metric, matched by ``pattern``) the run logs."""
+    for name in names:
+        if stat not in WATCHED.get(name, ()):
+            raise KeyError(f"step statistic {stat} of {name} is not served: add it to step_windows.WATCHED")
+    return f'max without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
 
 
 def held(metric: str, op: str, threshold: str) -> str:

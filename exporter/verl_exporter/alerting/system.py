@@ -6,7 +6,7 @@ GPU and host thresholds are not verl metrics: they are the catalog's ``system`` 
 from __future__ import annotations
 
 from . import nodes
-from .model import NUMBER, PER_STEP_INTERVAL, PERCENT, Alert, Group, run_query, steps, sub
+from .model import NUMBER, PERCENT, Alert, Group, run_query, steps, sub
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -24,6 +24,10 @@ THROTTLED = "|".join(THROTTLE_REASONS)
 # step yet is not stalled: its first step (model loading, rollout start-up) may take over an hour;
 # VerlTrainingNoFirstStep watches it. Measured at the scrape (timestamp()), not at evaluation, so the
 # scrape interval adds nothing.
+# A save is slow past this many of the run's steps (saves do not speed up with the GPUs: the same run on
+# faster GPUs saves for more steps), or past the catalog's hour for a run whose step time is unknown.
+SAVE_SLOW_FLOOR = ("(${system:checkpoint_save_slow_steps} * (${STEP_TIME})"
+                   " or ${RUN_MATCH} (0 * verl_checkpoint_saving + ${system:checkpoint_save_slow_seconds}))")
 # How long the run's checkpoint save has been running, for runs saving one now.
 STEP_TIME = (steps("recent_max", "verl_timing_step_seconds") + " or "
              + steps("run_max", "verl_timing_step_seconds"))
@@ -201,7 +205,7 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         "`ppo_max_token_len_per_gpu` (e.g. 16384 -> 8192).",
         guide="11.2",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", title="Operations", alerts=(
     Alert(
@@ -224,15 +228,14 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlCheckpointSaveSlow", severity="warning",
-        expr="(${SAVING_FOR} > ${RUN_MATCH} clamp_min(${system:checkpoint_save_slow_ratio}"
-        " * verl_checkpoint_last_save_duration_seconds, ${system:checkpoint_save_slow_seconds})"
-        " or (${SAVING_FOR} > ${system:checkpoint_save_slow_seconds}"
-        " unless ${RUN_MATCH} verl_checkpoint_last_save_duration_seconds))"
-        " and ${RUN_MATCH} (${SAVING_FOR} > ${RUN_MATCH} ${system:checkpoint_save_slow_steps} * (${STEP_TIME})"
-        " or ${SAVING_FOR} unless ${RUN_MATCH} (${STEP_TIME}))", for_="5m",
+        expr="${SAVING_FOR} > ${RUN_MATCH} ${SAVE_SLOW_FLOOR}"
+        " and ${RUN_MATCH} (${SAVING_FOR} > ${RUN_MATCH} ${system:checkpoint_save_slow_ratio}"
+        " * verl_checkpoint_last_save_duration_seconds"
+        " or ${SAVING_FOR} unless ${RUN_MATCH} verl_checkpoint_last_save_duration_seconds)", for_="5m",
         summary="A checkpoint save runs far longer than the run's saves before.",
-        description="Run ${RUN}: a checkpoint save has run for ${DURATION}, over an hour and over "
-        "${system:checkpoint_save_slow_ratio} times the run's previous save.",
+        description="Run ${RUN}: a checkpoint save has run for ${DURATION}, over "
+        "${system:checkpoint_save_slow_steps} of the run's steps and over ${system:checkpoint_save_slow_ratio} times "
+        "the run's previous save.",
         meaning="verl prints `local_global_step_folder: .../global_step_N` when it starts saving step N's "
         "checkpoint and logs step N's metrics when the save is done. Saves of a 7B model take minutes to "
         "40 minutes (the verl team's GRPO baseline saves for 40 minutes every 20 steps); one that runs past "

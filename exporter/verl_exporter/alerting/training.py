@@ -5,7 +5,7 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import PER_STEP_INTERVAL, Alert, Group, held, mostly, steps, sub
+from .model import Alert, Group, held, mostly, steps, sub
 from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
@@ -226,7 +226,7 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         "`actor_rollout_ref.actor.grad_clip`.",
         guide="1.7",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic (value network)", alerts=(
     Alert(
@@ -315,7 +315,7 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
         fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
         guide="2.3",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Rewards and advantages", alerts=(
     Alert(
@@ -384,7 +384,7 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
         "reward signal (`critic/rewards/mean`), critic (`critic/vf_explained_var`), batch size.",
         guide="3.1",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequence lengths", alerts=(
     Alert(
@@ -424,7 +424,7 @@ LENGTHS = Group(name="verl-lengths", file="verl-training.rules.yml", title="Sequ
         fix="Raise `data.max_prompt_length`, or filter over-long prompts (`data.filter_overlong_prompts`).",
         guide="4.4",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="The guide's diagnoses", alerts=(
     Alert(
@@ -478,6 +478,6 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
         fix="Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
         guide="11.4",
     ),
-), training=True, interval=PER_STEP_INTERVAL)
+), training=True)
 
 GROUPS = (ACTOR, CRITIC, REWARD, LENGTHS, DIAGNOSES)
