@@ -15,10 +15,17 @@ RUNS = sorted(path for path in FIXTURES.glob("*/*") if (path / "console.log").is
 
 # "<release>/<run>" -> the alerts its replay fires; a run not listed fires none. Every GRPO run logs
 # actor/grad_norm as NaN at step 4 and Inf at step 5: VerlTrainingNonFinite is right to page for them.
+# The fixtures' tiny random models also make 0.8 and 0.9's rollout engine and trainer disagree at every
+# step (training/rollout_probs_diff_mean 0.18, their log-probabilities uncorrelated): the mismatch alerts
+# are right to fire from the third step.
+MISMATCH = {"VerlRolloutProbsDiffHigh", "VerlRolloutActorProbsUncorrelated"}
 EXPECTED: dict[str, set[str]] = {
     f"{release}/grpo": {"VerlTrainingNonFinite"}
     for release in ("0.3.0.post1", "0.4.1", "0.5.0", "0.6.1", "0.7.0", "0.8.0", "0.9.1")
 }
+for release in ("0.8.0", "0.9.1"):
+    for run in ("agent", "grpo", "ppo"):
+        EXPECTED[f"{release}/{run}"] = EXPECTED.get(f"{release}/{run}", set()) | MISMATCH
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda path: f"{path.parent.name}/{path.name}")
