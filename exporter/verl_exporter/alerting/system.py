@@ -353,7 +353,9 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         expr="(timestamp(verl_training_started_timestamp_seconds) - verl_training_started_timestamp_seconds)"
         " > ${system:no_first_step_seconds}"
         " unless ${RUN_MATCH} verl_training_last_step_timestamp_seconds ${UNFINISHED}"
-        " and on(job, instance) verl_job_running == 1", for_="5m",
+        " and on(job, instance) verl_job_running == 1"
+        " unless on(project, experiment) project_experiment:verl_gpu_utilization_ratio:avg"
+        " > ${system:gpu_idle_utilization}", for_="5m",
         summary="The job runs, but its run has logged no step an hour after it started.",
         description="Run ${RUN}: the run started ${DURATION} ago (its config print) and has logged no step, while the "
         "training job's processes are alive: it hangs before its first step." + HANGS_IN,
@@ -361,7 +363,9 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         "since, while the job's processes (`--job.pid`/`--job.match`) are alive. The first step includes "
         "loading the model and starting the rollout engine, which take minutes, not an hour: the job "
         "hangs (a worker stuck in NCCL initialisation, a rollout engine that never came up, a compile "
-        "that never ends). The stall rule needs a step to measure, so this is its rule for the first one.",
+        "that never ends). A first step whose GPUs work (a 70B model, a long agent rollout: over an hour) is "
+        "no hang: where the exporters know the run's GPUs, it waits while they are busy. The stall rule "
+        "needs a step to measure, so this is its rule for the first one.",
         fix="Take a `py-spy dump` of the trainer and the workers (the exporter's evidence has one where it "
         "may ptrace), read the end of the log for the phase it hangs in, check `ray status`; restart.",
         guide="8.1",
