@@ -78,6 +78,7 @@ class RunState:
     error_step: dict[str, int] = field(default_factory=dict)  # kind -> the run's step when it was last seen
     error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
+    pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
 
     def copy(self) -> "RunState":
         return RunState(

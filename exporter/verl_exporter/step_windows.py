@@ -33,6 +33,8 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
+from operator import eq, sub
 
 from .schema import STEP_STATS
 
@@ -103,43 +105,78 @@ WATCHED: dict[str, frozenset[str]] = {
 LONGEST = max(STATS.values())
 
 
-@dataclass
+@dataclass(slots=True)
 class StepWindow:
     """One metric of one run: its value at each of its latest steps, its first steps, its extremes."""
 
-    last: deque = field(default_factory=lambda: deque(maxlen=LONGEST))  # (step, value), one per step
+    last: deque = field(default_factory=lambda: deque(maxlen=LONGEST))  # one value per step, oldest first
     early: list = field(default_factory=list)
     high: float = -math.inf
     low: float = math.inf
     best_mean: float = -math.inf  # the highest mean of WINDOW steps in a row
+    window_sum: float = 0.0  # of the last WINDOW values
+    step: int | None = None  # the step of the latest value
 
     def add(self, step: int, value: float) -> None:
         """The metric's value at ``step``; a second value of the same step replaces the first."""
         if value - value != 0:
             return
         last = self.last
-        if last and last[-1][0] == step:
-            last[-1] = (step, value)
+        if step == self.step:
+            self.window_sum += value - last[-1]
+            last[-1] = value
             if len(last) <= EARLY and len(self.early) == len(last):
                 self.early[-1] = value
         else:
-            last.append((step, value))
+            self.step = step
+            if len(last) >= WINDOW:
+                self.window_sum -= last[-WINDOW]
+            self.window_sum += value
+            last.append(value)
             if len(self.early) < EARLY:
                 self.early.append(value)
-        self.high = max(self.high, value)
-        self.low = min(self.low, value)
-        if len(last) >= WINDOW:
-            self.best_mean = max(self.best_mean, math.fsum(v for _, v in list(last)[-WINDOW:]) / WINDOW)
+        if value > self.high:
+            self.high = value
+        if value < self.low:
+            self.low = value
+        if len(last) >= WINDOW and self.window_sum > self.best_mean * WINDOW:
+            self.best_mean = self.window_sum / WINDOW
+
+    def add_all(self, steps: list[int], values: list[float]) -> None:
+        """``add`` of each step's value, in order. Distinct finite steps, the common case, are taken
+        as a whole (C's max, min and running sums); others one by one."""
+        if not steps:
+            return
+        if (steps[0] == self.step or any(map(eq, steps, islice(steps, 1, None)))
+                or not all(map(math.isfinite, values))):
+            for step, value in zip(steps, values):
+                self.add(step, value)
+            return
+        last, early = self.last, self.early
+        if len(early) < EARLY:
+            early.extend(values[:EARLY - len(early)])
+        self.high = max(self.high, max(values))
+        self.low = min(self.low, min(values))
+        recent = list(last)[-(WINDOW - 1):] + values  # every 10 steps in a row that end with a new one
+        sums = list(accumulate(recent, initial=0.0))
+        if len(recent) >= WINDOW:
+            self.best_mean = max(self.best_mean, max(map(sub, sums[WINDOW:], sums[:-WINDOW])) / WINDOW)
+            self.window_sum = sums[-1] - sums[-1 - WINDOW]
+        else:
+            self.window_sum = sums[-1]
+        last.extend(values)
+        self.step = steps[-1]
 
     def copy(self) -> "StepWindow":
-        return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low, self.best_mean)
+        return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low, self.best_mean,
+                          self.window_sum, self.step)
 
     def stat(self, name: str) -> float | None:
         """Statistic ``name`` of ``STATS``, or None while the run has too few steps of it."""
         needed = STATS[name]
         if len(self.last) < needed and name != "early_median":
             return None
-        values = [value for _, value in self.last]
+        values = list(self.last)
         if name == "recent_min":
             return min(values[-RECENT:])
         if name == "recent_max":

@@ -24,7 +24,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from operator import itemgetter
 from typing import cast
 
 from . import run_settings
@@ -41,6 +42,22 @@ OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run an
 # A run whose feeding source wrote nothing for this long passes to the next source that names it: a
 # job resumed from a checkpoint writes a new log, often matched by the same glob.
 OWNER_HANDOVER_SECONDS = 300.0
+PENDING_STEPS = 256  # records a run keeps for its step statistics before they are folded in
+
+
+def _numbers(column: Iterable) -> list[float | None]:
+    """The column's values as floats (None for one that is no number), converted in C where all are."""
+    try:
+        return list(map(float, column))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    numbers: list[float | None] = []
+    for value in column:
+        try:
+            numbers.append(float(value))
+        except (TypeError, ValueError, OverflowError):
+            numbers.append(None)
+    return numbers
 
 
 class RunStore:
@@ -71,7 +88,8 @@ class RunStore:
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._names = SeriesNames(catalog)
-        self._watched: dict[str, tuple[str, float] | None] = {}  # verl key -> served name and scale, if watched
+        self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
+        self._resolved: set[str] = set()  # the keys looked up for _watched
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
@@ -147,32 +165,72 @@ class RunStore:
                         state.nonfinite_step[key] = record.step
 
     def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
-        """Add this step's value of each metric the rules judge in steps (``step_windows``)."""
-        watched, latest = self._watched, state.values
-        for key, value in values.items():
-            if key not in latest:  # refused by the series cap: not resolved, not remembered
-                continue
-            target = watched[key] if key in watched else self._watched_name(key)
-            if target is None:
-                continue
-            name, scale = target
-            try:
-                number = float(value) * scale
-            except (TypeError, ValueError, OverflowError):
-                continue
-            window = state.windows.get(name)
-            if window is None:
-                window = state.windows[name] = StepWindow()
-            window.add(step, number)
+        """Keep this step's values for the step statistics (``step_windows``): folded in by the next
+        snapshot, or at once once PENDING_STEPS wait, so ingestion only appends."""
+        pending = state.pending_steps
+        pending.append((step, values))
+        if len(pending) >= PENDING_STEPS:
+            self._fold_steps(state)
+        else:
+            self._unconverted.add(state.run)
 
-    def _watched_name(self, key: str) -> tuple[str, float] | None:
-        """The served name and scale of ``key`` if the rules judge it in steps, else None (cached, bounded)."""
+    def _fold_steps(self, state: RunState) -> None:
+        """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
+
+        Records with the same watched keys (nearly all of a run's) are taken as one table: their values
+        fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
+        pending, state.pending_steps = state.pending_steps, []
+        watched, resolved, latest = self._watched, self._resolved, state.values
+        watched_keys = watched.keys()
+        tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
+        for index, (step, values) in enumerate(pending):
+            keys = values.keys()
+            if not keys <= resolved:
+                for key in keys - resolved:
+                    if key in latest:  # a key refused by the series cap is not resolved, nor remembered
+                        self._resolve_watched(key)
+            present = frozenset(keys & watched_keys)
+            if not present:
+                continue
+            table = tables.get(present)
+            if table is None:
+                order = tuple(present)
+                table = tables[present] = (order, itemgetter(*order), [], [])
+            table[2].append((index, step))
+            table[3].append(table[1](values))
+        points: dict[str, list[tuple[int, int, float]]] = {}
+        windows = state.windows
+        for order, _, steps, rows in tables.values():
+            columns = zip(*rows) if len(order) > 1 else (rows,)
+            for key, column in zip(order, columns):
+                name, scale = watched[key]
+                numbers = _numbers(column)
+                if len(tables) == 1 and None not in numbers:  # the common case: one table, all numbers
+                    window = windows.get(name)
+                    if window is None:
+                        window = windows[name] = StepWindow()
+                    window.add_all([step for _, step in steps],
+                                   numbers if scale == 1 else [number * scale for number in numbers])
+                    continue
+                found = points.setdefault(name, [])
+                found += [(index, step, number * scale) for (index, step), number in zip(steps, numbers)
+                          if number is not None]
+        for name, found in points.items():
+            found.sort()
+            window = windows.get(name)
+            if window is None:
+                window = windows[name] = StepWindow()
+            window.add_all([step for _, step, _ in found], [number for _, _, number in found])
+
+    def _resolve_watched(self, key: str) -> None:
+        """Remember whether ``key`` is a watched metric, with its served name and scale (bounded)."""
+        if len(self._resolved) >= 100_000:
+            return
         resolved = self.catalog.resolve(key)
         spec = resolved.spec
-        target = (spec.name, spec.scale) if spec.name in WATCHED and not resolved.label_values else None
-        if len(self._watched) < 100_000:
-            self._watched[key] = target
-        return target
+        if spec.name in WATCHED and not resolved.label_values:
+            self._watched[key] = (spec.name, spec.scale)
+        self._resolved.add(key)
 
     def _may_feed(self, state: RunState, record: Record) -> bool:
         """Whether ``record`` may feed its run: it comes from the source that feeds the run, or it is
@@ -420,7 +478,10 @@ class RunStore:
 
     def _convert(self, state: RunState) -> None:
         """Turn the run's values still held as text into floats; a value that is no number is
-        dropped and counted as a value dropped (not_a_number) of the run's source."""
+        dropped and counted as a value dropped (not_a_number) of the run's source. Fold in the steps
+        waiting for the step statistics."""
+        if state.pending_steps:
+            self._fold_steps(state)
         for key, value in list(state.values.items()):
             if type(value) is float:
                 continue

@@ -49,7 +49,7 @@ def test_a_second_value_of_a_step_replaces_the_first_and_non_finite_values_are_l
     window.add(2, math.nan)
     window.add(3, math.inf)
     window.add(4, 3.0)
-    assert [value for _, value in window.last] == [2.0, 3.0]
+    assert list(window.last) == [2.0, 3.0]
     assert window.early == [2.0, 3.0]
 
 
@@ -76,3 +76,17 @@ def test_only_the_declared_statistics_of_each_watched_metric_are_served():
               for sample in family.samples if "metric" in sample.labels}
     assert served == {(stat, name) for name in ("verl_critic_score_max", "verl_actor_pg_clipfrac")
                       for stat in WATCHED[name]}
+
+
+def test_adding_many_steps_at_once_is_adding_them_one_by_one():
+    points = [(step, math.sin(step) * 10) for step in range(1, 80)] + [(79, 2.5), (80, math.nan), (81, 7.0)]
+    points += [(step, math.cos(step)) for step in range(82, 90)]
+    one, many = StepWindow(), StepWindow()
+    for step, value in points:
+        one.add(step, value)
+    many.add_all([step for step, _ in points[:30]], [value for _, value in points[:30]])
+    many.add_all([step for step, _ in points[30:82]], [value for _, value in points[30:82]])
+    many.add_all([step for step, _ in points[82:]], [value for _, value in points[82:]])  # the whole-batch path
+    assert list(one.last) == list(many.last) and one.early == many.early
+    for stat in STATS:
+        assert one.stat(stat) == pytest.approx(many.stat(stat)), stat
