@@ -209,8 +209,9 @@ class RunStore:
                     window = windows.get(name)
                     if window is None:
                         window = windows[name] = StepWindow()
+                    floats = cast("list[float]", numbers)
                     window.add_all([step for _, step in steps],
-                                   numbers if scale == 1 else [number * scale for number in numbers])
+                                   floats if scale == 1 else [number * scale for number in floats])
                     continue
                 found = points.setdefault(name, [])
                 found += [(index, step, number * scale) for (index, step), number in zip(steps, numbers)
