@@ -61,46 +61,47 @@ STATS = {
 if list(STATS) != list(STEP_STATS):
     raise RuntimeError("step_windows.STATS and schema.STEP_STATS must name the same statistics")
 
-_ALL = frozenset(STATS)
-_HELD = frozenset({"recent_min", "recent_max", "window_median"})
+_ABOVE = frozenset({"recent_min", "window_median"})  # "above a threshold": at each of the last 3, at about half of 10
+_BELOW = frozenset({"recent_max", "window_median"})  # "below a threshold"
+_EITHER = _ABOVE | _BELOW
 _TREND = frozenset({"window_mean", "prior_mean"})
 _SPREAD = frozenset({"prior_mean", "prior_stddev"})
 _PLATEAU = frozenset({"long_mean", "long_prior_mean"})
+_CORR = {"kl": _EITHER, "k3_kl": _ABOVE, "ppl_ratio": _EITHER, "chi2_token": _ABOVE, "rollout_is_mean": _EITHER,
+         "rollout_is_eff_sample_size": _BELOW, "rollout_is_std": _ABOVE}
 
-# The metrics the rules judge in steps (served names), and the statistics read of each.
+# The metrics the rules judge in steps (served names), and the statistics read of each: no more.
 WATCHED: dict[str, frozenset[str]] = {
-    "verl_actor_pg_clipfrac": _HELD,
-    "verl_actor_ppo_kl": _HELD | _SPREAD,
-    "verl_actor_entropy": _HELD | {"early_median"} | _PLATEAU,
-    "verl_actor_kl_loss": _HELD,
-    "verl_actor_grad_norm": _HELD | _SPREAD,
-    "verl_actor_pg_loss": _HELD | _SPREAD,
-    "verl_critic_grad_norm": _HELD,
-    "verl_critic_vf_explained_var": _HELD | _TREND,
-    "verl_critic_vf_loss": _HELD | _TREND | _SPREAD,
-    "verl_critic_vf_clipfrac": _HELD,
+    "verl_actor_pg_clipfrac": _EITHER,
+    "verl_actor_ppo_kl": _EITHER | _SPREAD,
+    "verl_actor_entropy": _EITHER | _PLATEAU | {"early_median"},
+    "verl_actor_kl_loss": _ABOVE,
+    "verl_actor_grad_norm": _EITHER | _SPREAD,
+    "verl_actor_pg_loss": _EITHER | _SPREAD,
+    "verl_critic_grad_norm": _EITHER,
+    "verl_critic_vf_explained_var": _BELOW | _TREND,
+    "verl_critic_vf_loss": _ABOVE | _TREND | _SPREAD,
+    "verl_critic_vf_clipfrac": _ABOVE,
     "verl_critic_vpred_mean": frozenset({"window_median"}),
     "verl_critic_returns_mean": frozenset({"window_median"}),
-    "verl_critic_advantages_mean": _HELD,
-    "verl_critic_advantages_max": _HELD | {"run_max"},
-    "verl_critic_advantages_min": _HELD | {"run_min"},
-    "verl_critic_score_mean": _HELD | _TREND | _SPREAD | _PLATEAU | {"best_window_mean", "early_median"},
+    "verl_critic_advantages_mean": _EITHER,
+    "verl_critic_advantages_max": _EITHER,
+    "verl_critic_advantages_min": _EITHER,
+    "verl_critic_score_mean": _BELOW | _TREND | _SPREAD | _PLATEAU | {"early_median", "best_window_mean"},
     "verl_critic_score_max": frozenset({"run_max"}),
     "verl_critic_score_min": frozenset({"run_min"}),
-    "verl_critic_rewards_mean": _HELD | _SPREAD | {"best_window_mean"},
-    "verl_response_length_mean": _HELD | {"early_median", "prior_mean"},
-    "verl_response_length_clip_ratio": _HELD,
-    "verl_prompt_length_clip_ratio": _HELD,
-    "verl_training_rollout_probs_diff_mean": _HELD,
-    "verl_training_rollout_probs_diff_max": _HELD,
-    "verl_training_rollout_actor_probs_pearson_corr": _HELD,
-    "verl_training_off_policy_trajectory_staleness_worst_max": _HELD,
-    **{f"verl_{actor}rollout_corr_{name}": _HELD for actor in ("", "actor_")
-       for name in ("kl", "k3_kl", "ppl_ratio", "chi2_token", "rollout_is_mean", "rollout_is_eff_sample_size",
-                    "rollout_is_std")},
-    "verl_timing_step_seconds": frozenset({"recent_max", "run_max", "window_median", "prior_mean", "early_median"}),
-    "verl_perf_throughput": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
-    "verl_perf_mfu_actor": frozenset({"recent_max", "window_median", "prior_mean", "best_window_mean"}),
+    "verl_critic_rewards_mean": _BELOW | _SPREAD | {"best_window_mean"},
+    "verl_response_length_mean": _EITHER | {"prior_mean", "early_median"},
+    "verl_response_length_clip_ratio": _ABOVE,
+    "verl_prompt_length_clip_ratio": _ABOVE,
+    "verl_training_rollout_probs_diff_mean": _ABOVE,
+    "verl_training_rollout_probs_diff_max": _ABOVE,
+    "verl_training_rollout_actor_probs_pearson_corr": _BELOW,
+    "verl_training_off_policy_trajectory_staleness_worst_max": _ABOVE,
+    **{f"verl_{actor}rollout_corr_{name}": stats for actor in ("", "actor_") for name, stats in _CORR.items()},
+    "verl_timing_step_seconds": _BELOW | {"prior_mean", "early_median", "run_max"},
+    "verl_perf_throughput": _BELOW | {"prior_mean", "best_window_mean"},
+    "verl_perf_mfu_actor": _BELOW | {"prior_mean", "best_window_mean"},
 }
 LONGEST = max(STATS.values())
 

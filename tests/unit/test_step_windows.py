@@ -90,3 +90,20 @@ def test_adding_many_steps_at_once_is_adding_them_one_by_one():
     assert list(one.last) == list(many.last) and one.early == many.early
     for stat in STATS:
         assert one.stat(stat) == pytest.approx(many.stat(stat)), stat
+
+
+def test_the_watched_statistics_are_what_the_shipped_rules_read():
+    """Every statistic served is read by a shipped rule, and every one a rule reads is served."""
+    import re
+
+    from verl_exporter import shipped
+
+    text = "".join(path.read_text() for path in [*shipped.alert_rule_files(), shipped.recording_rules_file()])
+    read = set()
+    for stat, op, name in re.findall(r'verl_training_(\w+)\{metric(=~?)"([^"]+)"\}', text):
+        names = [metric for metric in WATCHED if re.fullmatch(name, metric)] if op == "=~" else [name]
+        assert names, f"no watched metric matches {name}"
+        read |= {(stat, metric) for metric in names}
+    served = {(stat, metric) for metric, stats in WATCHED.items() for stat in stats}
+    assert read - served == set(), "rules read statistics the exporter does not serve"
+    assert served - read == set(), "statistics served that no rule reads (take them out of WATCHED)"
