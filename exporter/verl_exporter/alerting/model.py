@@ -11,7 +11,7 @@ filled in by ``fill`` when the rules are rendered (no f-strings or ``str.format`
 - ``${table:name}``: a number of another table (``${system:gpu_hot_celsius}``, ``${setting:KEY}``
   for verl's default of a setting, ``${anomaly:...}``, ``${mismatch:...}``, ``${rollout:...}``);
 - ``${NAME}``: a text fragment, the upper-case text constant ``NAME`` of this module or of a
-  definitions module (``${RUN}``, ``${PERCENT}``, ``${HELD}``), itself filled in the same way.
+  definitions module (``${RUN}``, ``${PERCENT}``, ``${NUMBER}``), itself filled in the same way.
 
 Helpers that take arguments build their text with ``sub`` (``sub("rate(${series}[5m])",
 series=...)``), which fills the ``${name}`` of its arguments and leaves the others for ``fill``.
@@ -138,17 +138,21 @@ HELD_STATS = {">": "recent_min", ">=": "recent_min", "<": "recent_max"}  # the c
 def steps(stat: str, metric: str) -> str:
     """The run's statistic ``stat`` (step_windows.STATS) of ``metric``, labelled as the run's
     series are (the ``metric`` label dropped, so statistics of two metrics compare directly)."""
-    if stat not in WATCHED.get(metric, ()):
-        raise KeyError(f"step statistic {stat} of {metric} is not served: add it to step_windows.WATCHED")
+    _served(stat, (metric,))
     return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
 
 
 def steps_of_any(stat: str, pattern: str, names: tuple[str, ...]) -> str:
     """``steps`` of whichever of ``names`` (the spellings of one metric, matched by ``pattern``) the run logs."""
+    _served(stat, names)
+    return f'max without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
+
+
+def _served(stat: str, names: tuple[str, ...]) -> None:
+    """KeyError unless the exporter serves ``stat`` of each of ``names``."""
     for name in names:
         if stat not in WATCHED.get(name, ()):
             raise KeyError(f"step statistic {stat} of {name} is not served: add it to step_windows.WATCHED")
-    return f'max without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
 
 
 def held(metric: str, op: str, threshold: str) -> str:

@@ -13,7 +13,6 @@ WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_ste
 # Windows are the run's own steps (step_windows.py), never minutes: "held" is each of the last 3
 # steps, an alert stays firing while the condition holds at about half of the last 10 (``stay``),
 # trends compare the mean of the last 10 steps with the 10 before.
-HELD = "3 steps"
 SCORE = "verl_critic_score_mean"
 
 
