@@ -42,9 +42,13 @@ class Record:
     ``checkpoint_step``: verl started saving the checkpoint of that step (its
     ``local_global_step_folder: .../global_step_N`` line); the run's next step ends the save. And so
     does one with an ``error``: a line of the log reports an error of that kind (``sources.errors``),
-    ``line`` is its text.
+    ``line`` is its text; and one with a ``fatal`` kind: the trainer's output ended in a fatal error
+    (``sources.fatal``), ``line`` is its text.
     A record feeds its run only if it comes from the source that first fed the run, or is ``named``:
-    its file or its run was named by the operator, not found by a glob (see ``RunStore.ingest``).
+    its file or its run was named by the operator, not found by a glob, or comes from another file
+    of the same ``job`` (``sources.pairing``: a job's stdout and stderr; see ``RunStore.ingest``).
+    ``from_path``: the run is named after the file's path, as no config print or flag named it yet;
+    the store then gives the record to the run another file of its job named, if one did.
     """
 
     run: RunKey
@@ -59,11 +63,15 @@ class Record:
     error: str | None = None
     line: str = ""
     named: bool = False  # the operator named the file (a path, not a glob's match) or the run (flags)
+    fatal: str | None = None
+    job: str = ""  # the job whose output the file is (sources.pairing.job_of), "" where unknown
+    from_path: bool = False
 
 
 def is_event(record: Record) -> bool:
-    """A checkpoint save's start or an error the log shows: something that happened, not a step."""
-    return record.checkpoint_step is not None or record.error is not None
+    """A checkpoint save's start, an error the log shows or the trainer's fatal end: something that
+    happened, not a step."""
+    return record.checkpoint_step is not None or record.error is not None or record.fatal is not None
 
 
 class ParseError(ValueError):

@@ -77,6 +77,8 @@ class RunState:
     log_errors: Counter = field(default_factory=Counter)  # errors its log showed, by kind
     error_step: dict[str, int] = field(default_factory=dict)  # kind -> the run's step when it was last seen
     error_lines: list[str] = field(default_factory=list)  # the latest ERROR_LINES of them
+    fatal: tuple[str, int] | None = None  # the trainer's fatal end: its kind, at the run's step
+    owner_job: str = ""  # the job the owner's file is the output of: its other files may feed the run
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
     pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
 
@@ -109,6 +111,8 @@ class RunState:
             log_errors=Counter(self.log_errors),
             error_step=dict(self.error_step),
             error_lines=list(self.error_lines),
+            fatal=self.fatal,
+            owner_job=self.owner_job,
             windows={name: window.copy() for name, window in self.windows.items()},
         )
 

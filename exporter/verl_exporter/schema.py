@@ -233,6 +233,12 @@ TRAINING_RUN = _by_key(
         "verl_training_log_errors_last_step",
         "The run's last step when its log last showed an error of the kind (0 before its first step).",
         (*RUN, "kind"), optional=True)),
+    ("fatal_step", _gauge(
+        "verl_training_fatal_error_last_step",
+        "The run's step when the trainer's output ended in a fatal error of the kind (0 before its first step): "
+        "hydra's error, a RayTaskError out of TaskRunner.run or main_task, or an uncaught traceback of the trainer "
+        "(kind: cuda_oom, nccl, import_error, assertion, ray_actor_died, timeout, config, file_not_found, "
+        "exception). Gone once the run steps again.", (*RUN, "kind"), optional=True)),
     ("checkpoint_saving", _gauge(
         "verl_checkpoint_saving",
         "1 while the run saves a checkpoint (from verl's local_global_step_folder line to the next step), else 0.",

@@ -74,7 +74,7 @@ _CORR = {"kl": _EITHER, "k3_kl": _ABOVE, "ppl_ratio": _EITHER, "chi2_token": _AB
 WATCHED: dict[str, frozenset[str]] = {
     "verl_actor_pg_clipfrac": _EITHER,
     "verl_actor_ppo_kl": _EITHER | _SPREAD,
-    "verl_actor_entropy": _EITHER | _PLATEAU | {"early_median"},
+    "verl_actor_entropy": _EITHER | _PLATEAU | _SPREAD | {"early_median"},
     "verl_actor_kl_loss": _ABOVE,
     "verl_actor_grad_norm": _EITHER | _SPREAD,
     "verl_actor_pg_loss": _EITHER | _SPREAD,

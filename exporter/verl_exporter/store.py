@@ -36,6 +36,7 @@ from .series_names import SeriesNames
 from .step_windows import WATCHED, StepWindow
 
 log = logging.getLogger(__name__)
+MAX_JOBS = 100_000  # jobs whose run is remembered for their other files (sources.pairing)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
 OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run another source feeds
@@ -90,6 +91,7 @@ class RunStore:
         self._names = SeriesNames(catalog)
         self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
         self._resolved: set[str] = set()  # the keys looked up for _watched
+        self._job_runs: dict[str, RunKey] = {}  # a job's files (sources.pairing) -> the run one of them named
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
@@ -100,6 +102,8 @@ class RunStore:
         else:
             total = sum(cast("Iterable[float]", values.values()))  # a record's values: all text or all numbers
         with self._lock:
+            if record.job:
+                self._pair(record)
             state = self._runs.get(record.run)
             if state is None:
                 state = self._new_run(record)
@@ -125,10 +129,8 @@ class RunStore:
             if record.checkpoint_step is not None:
                 self._checkpoint_started(state, record.checkpoint_step, record.time)
                 return
-            if record.error is not None:
-                state.log_errors[record.error] += 1
-                state.error_step[record.error] = state.last_step if state.last_step is not None else 0
-                state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
+            if record.error is not None or record.fatal is not None:
+                self._log_error(state, record)
                 return
             if state.checkpoint is not None and state.checkpoint.saving and (
                     record.finished or record.step >= state.checkpoint.step):
@@ -139,6 +141,8 @@ class RunStore:
             if record.step != state.last_step:
                 state.last_step = record.step
                 state.steps_ingested += 1
+                if state.fatal is not None and record.step > state.fatal[1]:
+                    state.fatal = None  # resumed: it steps again after its fatal end
                 if state.finished and state.finished_at is not None and record.step > state.finished_at:
                     state.finished = False  # resumed with more steps
                 state.reached_total()
@@ -223,6 +227,28 @@ class RunStore:
                 window = windows[name] = StepWindow()
             window.add_all([step for _, step, _ in found], [number for _, _, number in found])
 
+    def _pair(self, record: Record) -> None:
+        """The files of one job feed one run (``sources.pairing``): a record of a file whose run is
+        named after its path goes to the run another file of its job named; a record of a file
+        that named its run names it for the job."""
+        named = self._job_runs.get(record.job)
+        if record.from_path:
+            if named is not None:
+                record.run = named
+        elif named != record.run and (named is not None or len(self._job_runs) < MAX_JOBS):
+            self._job_runs[record.job] = record.run
+
+    @staticmethod
+    def _log_error(state: RunState, record: Record) -> None:
+        """An error line of the run's log, or the trainer's fatal end (at the run's step)."""
+        step = state.last_step if state.last_step is not None else 0
+        if record.error is not None:
+            state.log_errors[record.error] += 1
+            state.error_step[record.error] = step
+        if record.fatal is not None:
+            state.fatal = (record.fatal, step)
+        state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
+
     def _resolve_watched(self, key: str) -> None:
         """Remember whether ``key`` is a watched metric, with its served name and scale (bounded)."""
         if len(self._resolved) >= 100_000:
@@ -244,13 +270,15 @@ class RunStore:
         source, owner = record.source, state.owner
         if not owner or source == owner:
             state.owner, state.owner_at = source, max(state.owner_at, record.time)
+            state.owner_job = record.job
             return True
-        if record.named:
+        if record.named or (record.job and record.job == state.owner_job):
             return True
         if record.run_config is None and record.time - state.owner_at >= OWNER_HANDOVER_SECONDS:
             log.info("run %s/%s passes from %s, silent for %.0f s, to %s", record.run.project,
                      record.run.experiment, owner, record.time - state.owner_at, source)
             state.owner, state.owner_at = source, record.time
+            state.owner_job = record.job
             return True
         if record.run_config is not None and state.config_source in ("", source):
             state.config_source = source

@@ -26,7 +26,7 @@ def amtool(*args: str) -> subprocess.CompletedProcess:
 def test_amtool_check_config_passes():
     result = amtool("check-config", str(CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 inhibit rules" in result.stdout and "3 receivers" in result.stdout and "1 templates" in result.stdout
+    assert "6 inhibit rules" in result.stdout and "3 receivers" in result.stdout and "1 templates" in result.stdout
 
 
 def test_amtool_check_config_fails_on_a_route_to_a_missing_receiver(tmp_path):

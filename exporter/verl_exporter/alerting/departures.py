@@ -22,7 +22,13 @@ DEPARTURES = {
         "before).",
     "VerlEntropyFlat":
         "Left out for a run that converged near its best score: the healthy math runs end at a score of "
-        "0.95-0.99 with entropy that no longer moves, by design.",
+        "0.95-0.99 with entropy that no longer moves, by design. Also left out: entropy whose spread from "
+        "step to step is over ${actor/entropy:flat_spread_ratio} of its mean; verl-agent's converged GiGPO "
+        "run swings between 0.07 and 0.31 around a level that no longer moves.",
+    "VerlKlLossHigh":
+        "The guide's range ends at 0.1. verl-agent's healthy GRPO and GiGPO runs (ALFWorld, WebShop, "
+        "kl_loss_coef 0.01) climb to 0.26-0.39 while their validation success rises from 0.2 to 0.9; the "
+        "rule waits for ${actor/kl_loss:too_large}.",
     "VerlScoreNotImproving":
         "Left out for a run that converged near its best (the last hour within a tenth of the score's range "
         "of its best step, in the upper half of that range): it fired on 6 of 10 healthy real runs, all "

@@ -329,6 +329,26 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         evidence=True,
     ),
     Alert(
+        name="VerlTrainingCrashed", severity="critical",
+        expr="verl_training_fatal_error_last_step ${UNFINISHED}", for_="0m",
+        summary="The trainer's output ended in a fatal error: the run has stopped.",
+        description="Run ${RUN}: the trainer exited with a fatal {{ $labels.kind }} error at step {{ $value }}"
+        "{{ if eq $value 0.0 }}, before its first step{{ end }}; the error line is in the exporter's evidence.",
+        meaning="The trainer's own process printed its end, in the log alone: a `RayTaskError(...)` out of "
+        "`ray::TaskRunner.run()` (`main_task` before verl 0.3), hydra's `Error executing job with overrides`, "
+        "or an uncaught traceback of the trainer's entry file (torchrun's `ChildFailedError` for the SFT "
+        "trainer). `kind` is the exception's: `cuda_oom`, `nccl`, `import_error` (a broken install: flash-attn "
+        "or vLLM built against another torch), `assertion`, `ray_actor_died`, `timeout`, `config`, "
+        "`file_not_found` or `exception`. Errors of workers that the trainer survives do not raise this; a "
+        "run that steps again (resumed) ends it.",
+        fix="Read the error line and the traceback before it (the exporter's `/debug/evidence`, or the end of "
+        "the log and of the job's stderr file); the kind's own alert (VerlTrainingOutOfMemory for `cuda_oom`) "
+        "has its fix. `import_error` at start-up: reinstall the package the traceback names for the "
+        "installed torch. Resume with `trainer.resume_mode=auto` once fixed.",
+        guide="8.1",
+        evidence=True,
+    ),
+    Alert(
         name="VerlTrainingLogErrors", severity="warning",
         expr=_within_steps('verl_training_log_errors_last_step{kind!="cuda_oom"}', "${system:recent_steps}")
         + " >= 1 ${UNFINISHED}",

@@ -71,12 +71,17 @@ CLIP_RATIO = quote("actor_rollout_ref.actor.clip_ratio", "${setting:actor_rollou
 MAX_RESPONSE = quote("data.max_response_length", "(unknown: the run's config is not known)")
 MAX_PROMPT = quote("data.max_prompt_length", "(unknown: the run's config is not known)")
 # Entropy's mean over the last 30 steps within a few percent of the 30 steps before.
+# And steady step to step: a converged policy's entropy can swing by a third around a level that
+# no longer moves (verl-agent's GiGPO on ALFWorld, 0.07-0.31), which is no stuck policy.
+ENTROPY_STEADY = (f"{steps('prior_stddev', 'verl_actor_entropy')} / {steps('prior_mean', 'verl_actor_entropy')}"
+                  " < ${actor/entropy:flat_spread_ratio}")
 ENTROPY_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')} - {steps('long_prior_mean', 'verl_actor_entropy')})"
-                f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{actor/entropy:flat_change_ratio}}")
+                f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{actor/entropy:flat_change_ratio}}"
+                " and ${ENTROPY_STEADY}")
 ENTROPY_ABOUT_FLAT = (f"abs({steps('long_mean', 'verl_actor_entropy')}"
                       f" - {steps('long_prior_mean', 'verl_actor_entropy')})"
                       f" / {steps('long_prior_mean', 'verl_actor_entropy')} < ${{hysteresis:twice}} * "
-                      f"${{actor/entropy:flat_change_ratio}}")
+                      f"${{actor/entropy:flat_change_ratio}} and ${{ENTROPY_STEADY}}")
 # The critic's loss over the last 10 steps has not fallen by its share from the 10 steps before.
 VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic/vf_loss:min_drop_ratio}})"
                 f" * {steps('prior_mean', 'verl_critic_vf_loss')}")
@@ -194,7 +199,9 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         meaning="Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
         "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
         "has converged near its best score (the last 10 steps within a tenth of the score's range of its best "
-        "10 steps in a row, and in the upper half of that range) is flat by design and is left out.",
+        "10 steps in a row, and in the upper half of that range) is flat by design and is left out, and so "
+        "is entropy that swings from step to step (a standard deviation over ${actor/entropy:flat_spread_ratio} "
+        "of its mean) around a level that no longer moves.",
         fix="Check the reward function and `critic/rewards/mean` (is any sample rewarded?), then the data "
         "and the learning rate `actor_rollout_ref.actor.optim.lr`.",
         guide="1.5",

@@ -30,6 +30,8 @@ and, from the errors the run's log shows and its first line::
     verl_training_log_errors_last_step{project,experiment,kind} the run's step when the kind was last seen
     verl_training_log_errors_total{project,experiment,kind}    kind: cuda_oom, nccl_timeout, segfault,
                                                                ray_actor_died, traceback
+    verl_training_fatal_error_last_step{project,experiment,kind} the run's step when the trainer ended in a
+                                                               fatal error (sources.fatal's kinds)
     verl_training_started_timestamp_seconds{project,experiment} when its first line (config print or
                                                                first step) was written
 
@@ -164,6 +166,8 @@ class TrainingCollector:
             families["log_errors"].add_metric(run + [kind], count)
         for kind, step in sorted(state.error_step.items()):
             families["log_errors_step"].add_metric(run + [kind], step)
+        if state.fatal is not None:
+            families["fatal_step"].add_metric(run + [state.fatal[0]], state.fatal[1])
         if state.started_at is not None:
             families["started_time"].add_metric(run, state.started_at)
         checkpoint = state.checkpoint

@@ -101,9 +101,10 @@ def _phase(tails: list[Tail]) -> str:
 
 
 def _counts(state: RunState | None) -> str:
-    if state is None or not state.log_errors:
+    if state is None or not (state.log_errors or state.fatal):
         return "none"
-    return ", ".join(f"{kind} {count}" for kind, count in sorted(state.log_errors.items()))
+    fatal = [f"the trainer's fatal end ({state.fatal[0]}) at step {state.fatal[1]}"] if state.fatal else []
+    return ", ".join(fatal + [f"{kind} {count}" for kind, count in sorted(state.log_errors.items())])
 
 
 def _errors(state: RunState | None) -> str:

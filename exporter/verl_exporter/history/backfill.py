@@ -57,6 +57,7 @@ class History:
     families: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (type, help)
     series: dict[SeriesId, list[tuple[float, float]]] = field(default_factory=dict)
     steps: dict[RunKey, list[tuple[float, int]]] = field(default_factory=dict)  # each run's step clock
+    runs: set[RunKey] = field(default_factory=set)  # every run its records fed, stepped or not
     timelines: list[FileTimeline] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
@@ -95,7 +96,7 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
     for index, timeline in enumerate(history.timelines):
         events += [(step.time, index, order, step) for order, step in enumerate(timeline.steps)]
     if not events:
-        raise ValueError("no training steps in " + ", ".join(paths))
+        raise ValueError("no training steps and no errors in " + ", ".join(paths))
     events.sort(key=lambda event: event[:3])
     store = RunStore(default_catalog())
     collector = TrainingCollector(store)
@@ -108,7 +109,8 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
             for reason in step.errors:
                 store.parse_error(paths[index], reason)
             for record in step.records:
-                store.ingest(record)
+                store.ingest(record)  # which may give it to the run of its job's other file (pairing)
+                history.runs.add(record.run)
                 if not record.finished and not is_event(record):
                     clock = history.steps.setdefault(record.run, [])
                     if not clock or clock[-1][1] != record.step:

@@ -333,8 +333,8 @@ def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float,
 
 def report(history: History, alerts: list[AlertHistory], rules: int) -> str:
     """The printed result: per alert, the steps and times it was pending and firing."""
-    steps = sum(len(timeline.steps) for timeline in history.timelines)
-    lines = [f"replayed {len(history.steps)} run(s), {steps} steps, {iso(history.start)} to {iso(history.end)}, "
+    steps = sum(not step.event for timeline in history.timelines for step in timeline.steps)
+    lines = [f"replayed {len(history.runs)} run(s), {steps} steps, {iso(history.start)} to {iso(history.end)}, "
              f"against {rules} alerting rules"]
     for alert in sorted(alerts, key=lambda a: (a.periods[0].start, a.rule.name)):
         run = alert.run
@@ -353,12 +353,14 @@ def report(history: History, alerts: list[AlertHistory], rules: int) -> str:
 
 
 def _steps(history: History, run: RunKey | None, period: Period) -> str:
-    if run is None and len(history.steps) == 1:
-        run = next(iter(history.steps))
+    if run is None and len(history.runs) == 1:
+        run = next(iter(history.runs))
     if run is None:
         return ""
     first, last = history.step_at(run, period.start), history.step_at(run, period.end)
-    return f"step {first} to {last}"
+    if last is None:
+        return "before the first step"
+    return f"{'before the first step' if first is None else f'step {first}'} to step {last}"
 
 
 def _stop(signum: int, frame: object) -> None:

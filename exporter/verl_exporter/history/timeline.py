@@ -16,7 +16,7 @@ Events are entries of their own: a checkpoint save (verl's ``local_global_step_f
 before the metrics of the step it saves) is timed when the save started: its line's timestamp,
 else the saved step's time less ``timing_s/save_checkpoint``, else just after the step before; an
 error the log shows, at its line's timestamp, else just after the step before (at the next step
-where none came before).
+where none came before, at the file's modification time in a file of no step).
 """
 
 from __future__ import annotations
@@ -174,16 +174,17 @@ def _assign_times(entries: list[Step], mtime: float, default_step_seconds: float
             after = durations[index + 1]
             step.time = following - (after if after is not None else fallback)
         following = step.time
-    _time_events(entries)
+    _time_events(entries, mtime)
     for record_step in entries:
         record_step.time = round(record_step.time, 3)  # milliseconds, as Prometheus stores them
         for record in record_step.records:
             record.time = record_step.time
 
 
-def _time_events(entries: list[Step]) -> None:
+def _time_events(entries: list[Step], mtime: float) -> None:
     """An event at its line's timestamp; a save else at the saved step's time less how long verl says
-    the save took, never before the step before it; else just after the step before (or at the next)."""
+    the save took, never before the step before it; else just after the step before (or at the next;
+    at the file's modification time in a file of no step, such as a job's stderr)."""
     for index, entry in enumerate(entries):
         if not entry.event:
             continue
@@ -199,4 +200,4 @@ def _time_events(entries: list[Step]) -> None:
         elif before is not None:
             entry.time = before + 0.001
         else:
-            entry.time = after.time if after is not None else 0.0
+            entry.time = after.time if after is not None else mtime

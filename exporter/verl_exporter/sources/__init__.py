@@ -14,7 +14,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol
 
 from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
@@ -27,10 +27,12 @@ from verl_exporter.sources.console import (
     parse_console_line,
 )
 from verl_exporter.sources.errors import MAX_LINE_CHARS, error_kind
+from verl_exporter.sources.fatal import TrainerExit
 from verl_exporter.sources.globs import is_literal
 from verl_exporter.sources.ingestor import Ingestor
-from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.sources.jsonl import JsonlReader
 from verl_exporter.sources.open_files import OpenFiles
+from verl_exporter.sources.pairing import job_of, job_stem
 from verl_exporter.sources.run_config import (
     ConfigPrint,
     Scalar,
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "console", "config")
 _CONFIG_NAME = re.compile(r"'(project|experiment)_name': '([^'\\]+)'")  # in verl's printed config
+_ACTOR_LINE = re.compile(r"(?:\x1b\[[0-9;]*m)*\(")  # a Ray actor's line: "(TaskRunner pid=N) ..."
 WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest are counted
 
 
@@ -73,10 +76,11 @@ def format_for(path: str, fmt: str = "auto") -> str:
 
 
 def run_for(path: str, project: str | None = None, experiment: str | None = None) -> RunKey:
-    """The run a file belongs to: the given names, else ``<root>/<project>/<experiment>.jsonl``."""
+    """The run a file belongs to: the given names, else ``<root>/<project>/<experiment>.jsonl``
+    (the experiment is the name's job stem: ``X`` for ``X.log`` and ``X.stderr.log`` alike)."""
     path = display_path(path)
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    stem = os.path.splitext(os.path.basename(path))[0]
+    stem = job_stem(os.path.basename(path))
     return RunKey(clean_text(project or parent or "default"), clean_text(experiment or stem or "default"))
 
 
@@ -92,6 +96,10 @@ class _FileState:
     named: bool = False  # the run's config print was read: the run has its name
     raw: str = ""  # the path as the system gives it (the follower's)
     config_version: tuple | None = None  # of a config file (fmt "config"): the version last read
+    job: str = ""  # the job whose output the file is (pairing.job_of)
+    log_named: bool = False  # the log named the run (its config print or a line of it)
+    exit: TrainerExit = field(default_factory=TrainerExit)  # the trainer's fatal end, watched for
+    jsonl: JsonlReader = field(default_factory=JsonlReader)  # the shape of a JSON-lines file
 
 
 class Source:
@@ -221,6 +229,8 @@ class Source:
     def _new_state(self, path: str) -> _FileState:
         state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
                            format_for(path, self.fmt), raw=path)
+        if state.fmt != "config":
+            state.job = job_of(path)
         state.dropped = lambda reason: self._count_dropped(state.path, reason)
         self._files[path] = state
         return state
@@ -252,11 +262,18 @@ class Source:
             self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 
     def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
+        record = self._parse_line(state, line, now)
+        if record is not None and state.job:
+            record.job = state.job
+            record.from_path = not (state.log_named or (self.project and self.experiment))
+        return record
+
+    def _parse_line(self, state: _FileState, line: str, now: float) -> Record | None:
         if state.fmt == "config":
             self._grown[state.raw] = state  # read again, as a whole, off the ingest path
             return None
         if state.fmt == "jsonl":
-            parsed: tuple[int, Mapping[str, float | str]] | None = parse_jsonl_line(line, state.dropped)
+            parsed: tuple[int, Mapping[str, float | str]] | None = state.jsonl.parse(line, state.dropped)
             if parsed is None:
                 return None
             state.last_step = parsed[0]
@@ -278,6 +295,7 @@ class Source:
                   if "step:" in line or "\x1b" in line else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
+            state.exit.step()
             return Record(state.run, parsed[0], parsed[1], now, source=state.path)
         if MARKER in line:
             saved = parse_checkpoint_start(line)
@@ -291,10 +309,17 @@ class Source:
         if is_finished_line(line):
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
+        if not _ACTOR_LINE.match(line):  # the driver's own line: its fatal end, if it is one
+            text = _ANSI.sub("", line) if "\x1b" in line else line
+            fatal = state.exit.feed(text)
+            if fatal is not None:  # it names its run from the path if nothing did yet
+                return Record(state.run, state.last_step or 0, {}, now, source=state.path, fatal=fatal,
+                              line=clean_text(text[:MAX_LINE_CHARS]))
         kind = error_kind(line)
         # Before the run is known (its config print or first step) an error would name a run of its own,
-        # and is Ray's start-up noise (caught exceptions) more often than the run's.
-        if kind is not None and (state.named or state.last_step is not None or (self.project and self.experiment)):
+        # and is Ray's start-up noise (caught exceptions) more often than the run's; an OOM is not.
+        if kind is not None and (state.named or state.last_step is not None or kind == "cuda_oom"
+                                 or (self.project and self.experiment)):
             return Record(state.run, state.last_step or 0, {}, now, source=state.path, error=kind,
                           line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
@@ -325,6 +350,7 @@ class Source:
         names = run_names(flat)
         if names is not None and state.last_step is None:  # a config printed later: the same run
             state.run = RunKey(self.project or names[0], self.experiment or names[1])
+            state.log_named = True
         state.named = True
         return Record(state.run, state.last_step or 0, {}, now, source=state.path, run_config=flat)
 
@@ -370,6 +396,7 @@ class Source:
         """verl prints its config before the first step; its trainer.project_name and
         trainer.experiment_name name the run better than the log's path (flags still win)."""
         names = dict(_CONFIG_NAME.findall(line))
+        state.log_named = state.log_named or bool(names)
         state.run = RunKey(
             state.run.project if self.project else names.get("project", state.run.project),
             state.run.experiment if self.experiment else names.get("experiment", state.run.experiment),

@@ -1,4 +1,6 @@
-"""Read verl's FileLogger output: one ``{"step": N, "data": {"actor/pg_loss": -0.005, ...}}`` per line.
+"""Read verl's FileLogger output: one ``{"step": N, "data": {"actor/pg_loss": -0.005, ...}}`` per line,
+and flat JSON lines, ``{"step": N, "actor/pg_loss": -0.005, ...}`` (verl-agent and other forks' own
+loggers). Which of the two a file holds is found from its first record (``JsonlReader``).
 
 Non-finite values appear as ``NaN``, ``Infinity`` and ``-Infinity`` (Python's json, verl 0.6 and
 0.7) or ``null`` (orjson, verl 0.8 on, for NaN and both infinities alike); a step can have several
@@ -32,14 +34,42 @@ def _loads(line: str):
         return _decode(line)
 
 
-def parse_jsonl_line(line: str, dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
-    """``(step, {key: value})`` for one FileLogger line; None for a blank line.
+FILELOGGER, FLAT = "filelogger", "flat"  # the two shapes of a record
 
-    Raises ParseError for malformed JSON, a missing or non-integer ``step`` or a ``data`` that is
-    not an object. ``null`` is read as NaN: orjson, verl's serialiser from 0.8, writes NaN and Inf so.
-    Other values that are not numbers (strings, lists, objects) are skipped; numeric strings are read
-    as numbers; numbers too large for a float become +/-inf.
+
+class JsonlReader:
+    """Reads one file's lines: its first record decides its shape (``{"step", "data"}`` is verl's
+    FileLogger, anything else with an integer ``step`` is flat), and every later line is read so."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self) -> None:
+        self.shape: str | None = None
+
+    def parse(self, line: str, dropped: DropCounter | None = None) -> tuple[int, dict[str, float]] | None:
+        parsed = _parse(line, dropped, self.shape)
+        if parsed is None:
+            return None
+        step, values, self.shape = parsed
+        return step, values
+
+
+def parse_jsonl_line(line: str, dropped: DropCounter | None = None,
+                     shape: str | None = None) -> tuple[int, dict[str, float]] | None:
+    """``(step, {key: value})`` for one line; None for a blank line. ``shape``: ``FILELOGGER``,
+    ``FLAT``, or None to take the line's own (FileLogger where it has a ``data`` key).
+
+    Raises ParseError for malformed JSON, a missing or non-integer ``step``, a FileLogger ``data``
+    that is not an object, or a flat record with no key besides ``step``. ``null`` is read as NaN:
+    orjson, verl's serialiser from 0.8, writes NaN and Inf so. Other values that are not numbers
+    (strings, lists, objects) are skipped; numeric strings are read as numbers; numbers too large
+    for a float become +/-inf.
     """
+    parsed = _parse(line, dropped, shape)
+    return None if parsed is None else parsed[:2]
+
+
+def _parse(line: str, dropped: DropCounter | None, shape: str | None) -> tuple[int, dict[str, float], str] | None:
     if not line or line.isspace():
         return None
     try:
@@ -59,20 +89,32 @@ def parse_jsonl_line(line: str, dropped: DropCounter | None = None) -> tuple[int
             raise ParseError("missing step")
         raise ParseError(f"step is not an integer: {_brief(step)}")
     check_step(step)  # beyond 2^53: no float holds it (a ParseError)
-    data = obj.get("data")
-    if not isinstance(data, dict):
-        if "data" not in obj:
-            raise ParseError("missing data")
-        raise ParseError(f"data is not an object: {type(data).__name__}")
+    if shape is None:
+        shape = FILELOGGER if "data" in obj else FLAT
+    if shape == FILELOGGER:
+        data = obj.get("data")
+        if not isinstance(data, dict):
+            if "data" not in obj:
+                raise ParseError("missing data")
+            raise ParseError(f"data is not an object: {type(data).__name__}")
+    else:
+        del obj["step"]
+        data = obj
+        if not data:
+            raise ParseError("missing data: a flat record holds no key besides step")
+    return step, _values(line, data, dropped), shape
 
+
+def _values(line: str, data: dict, dropped: DropCounter | None) -> dict[str, float]:
+    """The numbers of a record's values, by key; what is no number is counted by ``dropped``."""
     if "\\u" in line:  # only an escape makes a lone surrogate (orjson refuses them, json not): U+FFFD
         data = {clean_text(key): value for key, value in data.items()}
     kinds = set(map(type, data.values()))
     if kinds <= _FLOAT:
-        return step, data
+        return data
     if kinds <= _FLOAT_OR_INT:
         try:
-            return step, dict(zip(data, map(float, data.values())))
+            return dict(zip(data, map(float, data.values())))
         except OverflowError:
             pass
     values: dict[str, float] = {}
@@ -88,7 +130,7 @@ def parse_jsonl_line(line: str, dropped: DropCounter | None = None) -> tuple[int
                 pass
         if key not in values and dropped is not None:  # no number: counted by the caller, by reason
             dropped(DROP_REASONS.get(type(value), "not_a_number"))
-    return step, values
+    return values
 
 
 def _brief(value: object) -> str:
