@@ -26,7 +26,7 @@ VERDICTS_OF = {folder: yaml.safe_load((REPO / "tests" / "history" / name).read_t
                for folder, name in FOLDERS.items()}
 VERDICTS = {run: entry for verdicts in VERDICTS_OF.values() for run, entry in verdicts.items()}
 FOLDER_OF = {run: folder for folder, verdicts in VERDICTS_OF.items() for run in verdicts}
-LOG_NAMES = ("console.log", "metrics.jsonl")
+LOG_NAMES = ("console.log", "console.stderr.log", "metrics.jsonl")  # a job's stdout, its stderr, its JSON lines
 
 
 def available_runs(folder: Path = REAL_RUNS) -> list[str]:

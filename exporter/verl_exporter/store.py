@@ -92,6 +92,7 @@ class RunStore:
         self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
         self._resolved: set[str] = set()  # the keys looked up for _watched
         self._job_runs: dict[str, RunKey] = {}  # a job's files (sources.pairing) -> the run one of them named
+        self._path_runs: dict[str, RunKey] = {}  # ... -> the path's run they fed before that
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
 
     def ingest(self, record: Record) -> None:
@@ -102,8 +103,8 @@ class RunStore:
         else:
             total = sum(cast("Iterable[float]", values.values()))  # a record's values: all text or all numbers
         with self._lock:
-            if record.job:
-                self._pair(record)
+            if record.job and record.from_path:
+                self._follow_job(record)
             state = self._runs.get(record.run)
             if state is None:
                 state = self._new_run(record)
@@ -115,6 +116,8 @@ class RunStore:
                     state.owner_at = record.time
             elif source and not self._may_feed(state, record):
                 return
+            if record.job and not record.from_path and self._job_runs.get(record.job) != record.run:
+                self._name_job(state, record.job)
             self._version += 1
             state.version = self._version
             if state.started_at is None or record.time < state.started_at:
@@ -227,16 +230,35 @@ class RunStore:
                 window = windows[name] = StepWindow()
             window.add_all([step for _, step, _ in found], [number for _, _, number in found])
 
-    def _pair(self, record: Record) -> None:
+    def _follow_job(self, record: Record) -> None:
         """The files of one job feed one run (``sources.pairing``): a record of a file whose run is
-        named after its path goes to the run another file of its job named; a record of a file
-        that named its run names it for the job."""
+        named after its path goes to the run another file of its job named, if one did."""
         named = self._job_runs.get(record.job)
-        if record.from_path:
-            if named is not None:
-                record.run = named
-        elif named != record.run and (named is not None or len(self._job_runs) < MAX_JOBS):
-            self._job_runs[record.job] = record.run
+        if named is not None:
+            record.run = named
+        elif len(self._path_runs) < MAX_JOBS:
+            self._path_runs[record.job] = record.run
+
+    def _name_job(self, state: RunState, job: str) -> None:
+        """A file of ``job`` that named its run, taken: the run is the job's. It adopts the errors that
+        another file of the job told of the path's run before (its stderr, read first); that run,
+        which never stepped, is dropped."""
+        if state.owner_job != job or (job not in self._job_runs and len(self._job_runs) >= MAX_JOBS):
+            return  # another job's config, taken as a config file's: the run is not its job's
+        self._job_runs[job] = state.run
+        orphan_key = self._path_runs.pop(job, None)
+        orphan = self._runs.get(orphan_key) if orphan_key is not None and orphan_key != state.run else None
+        if orphan is None or orphan.last_step is not None or orphan.finished:
+            return
+        state.log_errors.update(orphan.log_errors)
+        for kind, step in orphan.error_step.items():
+            state.error_step.setdefault(kind, step)
+        state.fatal = state.fatal or orphan.fatal
+        state.error_lines = (orphan.error_lines + state.error_lines)[-ERROR_LINES:]
+        if orphan.started_at is not None and (state.started_at is None or orphan.started_at < state.started_at):
+            state.started_at = orphan.started_at
+        del self._runs[orphan.run]
+        self._unconverted.discard(orphan.run)
 
     @staticmethod
     def _log_error(state: RunState, record: Record) -> None:

@@ -13,6 +13,9 @@ import re
 from verl_exporter.records import DropCounter, ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
+# wandb's files/output.log keeps at most this many characters of a line: the rest is lost, and the
+# last pair of a step line that long may be cut in its key or its value, so it is not read.
+WANDB_LINE_CHARS = 4096
 
 _SEPARATOR = " - "
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -29,7 +32,8 @@ def parse_console_line(line: str, *, lazy: bool = False,
     """``(step, {key: value})`` for a verl step line; None for any other line.
 
     Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
-    beyond 2^53) or that has no readable ``key:value`` pair. A single unreadable pair is skipped;
+    beyond 2^53) or that has no readable ``key:value`` pair. A line of exactly ``WANDB_LINE_CHARS``
+    is taken for one that wandb cut: its last pair is left out. A single unreadable pair is skipped;
     one with a key but no number is counted by ``dropped("not_a_number")``. With ``lazy``,
     a line whose values are all plain decimal numbers keeps them as text, for the store to
     convert when they are scraped (float() is most of the cost of a line).
@@ -44,6 +48,10 @@ def parse_console_line(line: str, *, lazy: bool = False,
     except ValueError:
         raise ParseError(f"step is not an integer: {head[:40]!r}") from None
     check_step(step)
+    if len(line) >= WANDB_LINE_CHARS and len(line.rstrip("\r")) == WANDB_LINE_CHARS:
+        last = text.rfind(_SEPARATOR)
+        if last > cut:
+            text = text[:last]
     skipped: list[str] = []
     values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1, skipped=skipped) if cut >= 0 else {})
     if not values:
