@@ -355,7 +355,8 @@ class Exporter:
             return Forensics(self.store, job=self.job, gpu=gpu, node_runs=node.runs, ready=self.ready,
                              stall_after=options.forensics_stall_after,
                              interval=options.forensics_check_interval,
-                             directory=options.forensics_dir, retention=options.forensics_retention)
+                             directory=options.forensics_dir, retention=options.forensics_retention,
+                             open_files=self.open_files)
         except OSError as exc:
             raise OptionsError(f"--forensics.dir {options.forensics_dir}: {exc.strerror or exc}") from None
 

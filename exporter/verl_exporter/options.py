@@ -27,6 +27,7 @@ import yaml
 from . import __version__
 from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
 from .option_kinds import COUNT, DURATION, SWITCH, TEXT, Choice, Count, Duration, Kind, Paths, Switch, Text, _shown
+from .yaml_files import AliasRefused, NoAliasLoader
 
 DEFAULT_PORT = 9945
 SOURCE_FORMATS = ("auto", "jsonl", "console", "config")  # the formats sources.Source reads
@@ -304,10 +305,13 @@ def _read_file(path: str | None) -> dict:
         raise OptionsError(f"cannot read options file {path}: {exc.strerror or type(exc).__name__}") from None
     except UnicodeDecodeError as exc:
         raise OptionsError(f"cannot read options file {path}: not UTF-8 (byte {exc.start})") from None
-    loader = yaml.SafeLoader(text)
+    loader = NoAliasLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except AliasRefused as exc:
+        raise OptionsError(f"options file {path} uses a YAML alias (line {exc.mark.line + 1}), which is not "
+                           "read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""

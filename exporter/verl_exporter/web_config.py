@@ -26,6 +26,7 @@ import bcrypt
 import yaml
 
 from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
+from .yaml_files import AliasRefused, NoAliasLoader
 
 
 class WebConfigError(Exception):
@@ -203,33 +204,17 @@ def _read_bounded(path: str, what: str, limit: int) -> bytes:
         raise WebConfigError(f"cannot read {what}: {exc.strerror or type(exc).__name__}") from None
 
 
-class _AliasRefused(yaml.YAMLError):
-    def __init__(self, mark):
-        super().__init__()
-        self.mark = mark
-
-
-class _NoAliases(yaml.SafeLoader):
-    """YAML's safe loader without aliases: a web config never needs one, and they are what builds a
-    self-referencing mapping or an exponential "billion laughs" from a few bytes."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasRefused(self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-
 # A quoted part of a YAML error ('\t', an alias or a tag name): the file's text, never shown.
 _QUOTED = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\"""")
 
 
 def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple[str, ...], int]]:
     """The file's data and the line of each key (up to three levels deep); errors say where, not what."""
-    loader = _NoAliases(text)
+    loader = NoAliasLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
-    except _AliasRefused as exc:
+    except AliasRefused as exc:
         raise WebConfigError(f"{where}: YAML aliases are not allowed (line {exc.mark.line + 1})") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -4,6 +4,7 @@ big it may get, py-spy's failures, the job's GPUs, the files and their retention
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from verl_exporter.forensics.gpus import describe_gpus
 from verl_exporter.forensics.report import render
 from verl_exporter.options import OPTIONS, OptionsError, load_options
 from verl_exporter.records import Record, RunKey
+from verl_exporter.sources.open_files import OPEN_FILES, FileHandle
 from verl_exporter.server import serve
 from verl_exporter.store import RunStore
 from verl_exporter.web_config import WebConfig
@@ -42,8 +44,16 @@ def make_store(clock) -> RunStore:
     return RunStore(default_catalog(), clock=clock)
 
 
+def followed(path) -> None:
+    """``path`` as a log follower opened it (the evidence reads only the files followers read)."""
+    info = os.stat(path)
+    OPEN_FILES.add(FileHandle(str(path), None, (info.st_dev, info.st_ino)))
+
+
 def step(store, clock, number, seconds=None, run=RUN, source="/logs/train.log"):
     """A step of ``run`` read from ``source``, a file the operator named (so two files may feed it)."""
+    if os.path.isfile(source):
+        followed(source)
     values = {"actor/pg_loss": 0.1}
     if seconds is not None:
         values["timing_s/step"] = seconds
@@ -100,6 +110,20 @@ def test_no_first_step_an_hour_after_the_first_line():
     assert stall.kind == "no_first_step" and "no first step 1h after the run's first line" in stall.why
     longer = StallWatch(store, stall_after=7200, clock=clock)  # a longer stall-after waits longer
     assert longer.check() == []
+
+
+def test_the_trainers_fatal_end_is_captured_at_once_and_once():
+    clock = Clock()
+    store = make_store(clock)
+    watch = StallWatch(store, stall_after=600, clock=clock)
+    step(store, clock, 1, 100.0)
+    assert watch.check() == []
+    store.ingest(Record(RUN, 1, fatal="cuda_oom", line="ray.exceptions.RayTaskError(OutOfMemoryError): "
+                        "ray::TaskRunner.run()", time=clock.now))
+    [stall] = watch.check()
+    assert stall.kind == "fatal" and stall.why == "the trainer's output ended in a fatal cuda_oom error at step 1"
+    clock.now += 3600
+    assert watch.check() == []  # the same stop: not again as a stall
 
 
 def test_finished_runs_do_not_stall():
@@ -185,7 +209,7 @@ def test_the_tail_is_read_from_the_end_in_bounded_reads(tmp_path, monkeypatch):
             return getattr(self.handle, name)
 
     monkeypatch.setattr(logtail, "open", Counting, raising=False)
-    tail = logtail.read_tail(str(path))
+    tail = logtail.read_tail(str(path), follower_read=False)
     assert sum(read) <= logtail.MAX_TAIL_BYTES < path.stat().st_size
     assert tail.lines[-1] == "(TaskRunner pid=1) step:199999 - actor/pg_loss:0.1"
     assert tail.lines[0].startswith("(TaskRunner pid=1) step:")  # the line cut by the limit is left out
@@ -197,7 +221,7 @@ def test_progress_bars_colours_and_long_lines(tmp_path):
     path.write_bytes(b"\x1b[36m(TaskRunner pid=7)\x1b[0m Total training steps: 100\n"
                      b"Training Progress:   1%|  | 1/100\rTraining Progress:   2%|  | 2/100\r\n"
                      + b"x" * 5000 + b"\ncaf\xc3\xa9 \xff\n")
-    tail = logtail.read_tail(str(path))
+    tail = logtail.read_tail(str(path), follower_read=False)
     assert tail.lines[0] == "(TaskRunner pid=7) Total training steps: 100"
     assert tail.lines[1] == "Training Progress:   2%|  | 2/100"
     assert tail.lines[2].endswith("[line cut]") and len(tail.lines[2]) < 1100
@@ -216,12 +240,12 @@ def test_progress_bars_colours_and_long_lines(tmp_path):
 def test_the_last_phase(tmp_path, line, phase):
     path = tmp_path / "x.log"
     path.write_text(line + "\nunrelated line\n")
-    found = logtail.read_tail(str(path)).phase()
+    found = logtail.read_tail(str(path), follower_read=False).phase()
     assert (found[0] if found else None) == phase
 
 
 def test_a_missing_file_says_why(tmp_path):
-    tail = logtail.read_tail(str(tmp_path / "gone.log"))
+    tail = logtail.read_tail(str(tmp_path / "gone.log"), follower_read=False)
     assert tail.error and tail.lines == []
 
 

@@ -38,6 +38,10 @@ NEAR_BEST = (f"({steps('window_mean', SCORE)} >= {steps('best_window_mean', SCOR
              f" and ({steps('window_mean', SCORE)} >= ${{SCORE_MIDDLE}}"
              f" or {steps('window_mean', SCORE)} - {steps('early_median', SCORE)}"
              " >= ${critic/score/mean:learned_share} * ${SCORE_RANGE}))")
+# The same, closer (half the share): what ends an alert that NEAR_BEST kept from starting, so that a
+# noisy score around the edge of "near its best" does not end and start it again step after step.
+NEAR_BEST_CLOSE = NEAR_BEST.replace("${critic/score/mean:near_best_share}",
+                                    "${hysteresis:half} * ${critic/score/mean:near_best_share}")
 # Some value of the last steps was not exactly 0: verl before 0.5 prints 3 decimals, and a KL of
 # 0.000 every step says nothing about how small it really was.
 RESOLVED_KL = (f"({steps('recent_max', 'verl_actor_ppo_kl')} > 0 or {steps('recent_min', 'verl_actor_ppo_kl')} < 0)")
@@ -191,7 +195,7 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
         " unless ${NEAR_BEST}",
         stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < ${hysteresis:twice} * ${critic/score/mean:min_gain} and "
              "${ENTROPY_LEFT}"
-        " unless ${NEAR_BEST}",
+        " unless ${NEAR_BEST_CLOSE}",
         for_="0s",
         summary="Entropy and score have both stayed flat: the policy is not learning.",
         description="Run ${RUN}: actor/entropy changed by only ${PERCENT} over the last 30 steps against the 30 "
@@ -378,7 +382,10 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     Alert(
         name="VerlScoreNotImproving", severity="info",
         expr="${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}",
-        stay="${SCORE_LONG_GAIN} < ${hysteresis:thrice} * ${critic/score/mean:min_gain} unless ${NEAR_BEST}", for_="0s",
+        stay="(${SCORE_LONG_GAIN} < ${hysteresis:thrice} * ${critic/score/mean:min_gain}"
+        " or ${SCORE_LONG_GAIN} < ${critic/score/mean:near_best_share} * ${SCORE_RANGE})"
+        " unless ${NEAR_BEST_CLOSE}",
+        for_="0s",
         summary="The mean score has not improved for 30 steps.",
         description="Run ${RUN}: critic/score/mean changed by ${NUMBER} over the last 30 steps against the 30 "
         "before (less than ${critic/score/mean:min_gain}).",

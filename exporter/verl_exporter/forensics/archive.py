@@ -5,9 +5,11 @@ With a directory, every capture is also written there as
 ``evidence-<UTC time>-<project>-<experiment>-<hash>.txt``: the names keep only ``[A-Za-z0-9._-]``
 of the run's names (runs of other characters become ``_``, 48 characters each at most) and the
 hash of the exact names keeps apart two runs whose names read the same. A file is written under
-a temporary name, then renamed, readable by its owner only. Retention keeps the ``retention``
-newest evidence files (by the time in their names); files with other names are never touched.
-A run with no capture in memory (the exporter restarted) is served its newest file.
+a new temporary name (``mkstemp``: created, never opened through a planted link), then renamed,
+readable by its owner only. Retention keeps the ``retention`` newest of the evidence files the
+exporter could have written: regular files of its own user, named with a time that is not in the
+future; other files, whatever their names, are never counted or touched. A run with no capture in
+memory (the exporter restarted) is served its newest such file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import hashlib
 import logging
 import os
 import re
+import stat
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -28,7 +32,8 @@ log = logging.getLogger(__name__)
 MAX_RUNS = 32
 NAME_CHARS = 48
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_FILE = re.compile(r"^evidence-\d{8}T\d{6}\.\d{6}Z-.*-[0-9a-f]{12}\.txt$")
+_FILE = re.compile(r"^evidence-(\d{8}T\d{6})\.\d{6}Z-.*-[0-9a-f]{12}\.txt$")
+FUTURE_SLACK_SECONDS = 86400.0  # a name's time past now by more than this is no capture of ours
 
 
 def run_hash(run: RunKey) -> str:
@@ -89,11 +94,23 @@ class EvidenceArchive:
             return sorted(self._latest)
 
     def files(self) -> list[Path]:
-        """The evidence files in the directory, oldest first."""
+        """The evidence files in the directory that the exporter could have written, oldest first:
+        regular files (not links) of its own user, named with a time not in the future."""
         if self.directory is None:
             return []
+        latest = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() + FUTURE_SLACK_SECONDS))
+        names = []
         try:
-            names = [entry.name for entry in os.scandir(self.directory) if _FILE.match(entry.name)]
+            for entry in os.scandir(self.directory):
+                match = _FILE.match(entry.name)
+                if match is None or match.group(1) > latest:
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                    names.append(entry.name)
         except OSError:
             return []
         return [self.directory / name for name in sorted(names)]
@@ -103,8 +120,8 @@ class EvidenceArchive:
         while path.exists():  # two captures in one microsecond
             moment += 1e-6
             path = directory / file_name(run, moment)
-        temporary = path.with_name("." + path.name + ".tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        descriptor, name = tempfile.mkstemp(prefix=".evidence-", suffix=".tmp", dir=directory)  # 0600, O_EXCL
+        temporary = Path(name)
         try:
             with os.fdopen(descriptor, "w", encoding="utf-8", errors="replace") as handle:
                 handle.write(text)
@@ -129,7 +146,8 @@ class EvidenceArchive:
             if not path.name.endswith(suffix):
                 continue
             try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
+                descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(descriptor, encoding="utf-8", errors="replace") as handle:
                     text = handle.read(self.max_bytes + 1024)
             except OSError:
                 continue

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 TAIL_LINES = 50
 MAX_TAIL_BYTES = 64 * 1024
 MAX_LINE_CHARS = 1000
 BLOCK_BYTES = 8192
+_TAIL_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PHASES = (
     ("step", re.compile(r"(?:^|[\s)])step:\d+ - |^\s*\{\s*\"step\"\s*:\s*\d+")),
@@ -54,15 +56,31 @@ class Tail:
         return None
 
 
-def read_tail(path: str, max_bytes: int = MAX_TAIL_BYTES) -> Tail:
+def read_tail(path: str, max_bytes: int = MAX_TAIL_BYTES, *, inode: tuple[int, int] | None = None,
+              follower_read: bool = True) -> Tail:
     """The complete lines among the last ``max_bytes`` bytes of ``path`` (the phase is looked for in
-    all of them; ``TAIL_LINES`` of them are shown)."""
+    all of them; ``TAIL_LINES`` of them are shown).
+
+    The file is read as the log followers read: a regular file only, opened without blocking and
+    without following a link at its name, and only the file a follower read there (``inode``, its
+    device and inode as the follower opened it; with ``follower_read`` and no inode known, none is
+    read). A FIFO, a device or a file swapped since for another says why in ``error``."""
     tail = Tail(path)
+    if follower_read and inode is None:
+        tail.error = "no log follower read this path"
+        return tail
     try:
-        with open(path, "rb") as handle:
-            stat = os.fstat(handle.fileno())
-            tail.size, tail.mtime = stat.st_size, stat.st_mtime
-            data = _read_end(handle, stat.st_size, max_bytes)
+        descriptor = os.open(path, _TAIL_FLAGS)
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                tail.error = "not a regular file"
+                return tail
+            if inode is not None and (info.st_dev, info.st_ino) != inode:
+                tail.error = "not the file the log follower read (the path names another file since)"
+                return tail
+            tail.size, tail.mtime = info.st_size, info.st_mtime
+            data = _read_end(handle, info.st_size, max_bytes)
     except OSError as exc:
         tail.error = exc.strerror or str(exc)
         return tail

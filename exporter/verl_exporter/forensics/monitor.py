@@ -24,6 +24,7 @@ from ..records import RunKey
 from ..store import RunStore
 from .archive import MAX_RUNS, EvidenceArchive
 from .gpus import describe_gpus
+from ..sources.open_files import OPEN_FILES, OpenFiles
 from .logtail import read_tail
 from .report import MAX_BYTES, render
 from .stacks import dump_job, find_py_spy, top_frame
@@ -42,7 +43,8 @@ class Forensics:
                  node_runs: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
                  ready: Callable[[], bool] = lambda: True, stall_after: float = 600.0, interval: float = 15.0,
                  directory: str | None = None, retention: int = 50, max_bytes: int = MAX_BYTES,
-                 clock: Callable[[], float] = time.time, py_spy: Callable[[], str | None] = find_py_spy):
+                 clock: Callable[[], float] = time.time, py_spy: Callable[[], str | None] = find_py_spy,
+                 open_files: OpenFiles = OPEN_FILES):
         self.watch = StallWatch(store, stall_after=stall_after, clock=clock)
         self.archive = EvidenceArchive(directory, retention=retention, max_bytes=max_bytes)
         self.job = job if job is not None and job.configured else None
@@ -53,6 +55,7 @@ class Forensics:
         self.max_bytes = max_bytes
         self.clock = clock
         self.py_spy = py_spy
+        self.open_files = open_files  # the followers' files: the log tails read those only
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,7 +94,7 @@ class Forensics:
     def capture(self, stall: Stall, round_: "_Round", now: float) -> str:
         state = self.watch.state(stall.run)
         ours = (stall.run.project, stall.run.experiment) in round_.mine.get()
-        tails = [read_tail(path) for path in stall.sources]
+        tails = [read_tail(path, inode=self.open_files.inode(path)) for path in stall.sources]
         return render(stall, state, now=now, stacks=round_.stacks() if ours else NOT_THIS_NODE + "\n",
                       gpus=round_.gpus() if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,
                       version=__version__, max_bytes=self.max_bytes)

@@ -41,7 +41,8 @@ EXIT_GRACE_SECONDS = 2.0
 
 @dataclass
 class Stall:
-    """One stall of one run: ``kind`` is ``no_step``, ``no_first_step`` or ``job_exited``; ``why``
+    """One stall of one run: ``kind`` is ``no_step``, ``no_first_step``, ``job_exited`` or ``fatal``
+    (the trainer's output ended in a fatal error, ``sources.fatal``); ``why``
     says it in one line; ``sources`` are the files the run was read from, latest first."""
 
     run: RunKey
@@ -61,6 +62,7 @@ class _View:
     sampled: tuple | None = None  # the episode whose step duration was sampled
     reported: tuple | None = None  # the episode already reported
     saving_since: float | None = None  # when the checkpoint save under way started
+    fatal: tuple[str, int] | None = None  # the trainer's fatal end: its kind, at the run's step
 
     @property
     def episode(self) -> tuple:
@@ -139,7 +141,7 @@ class StallWatch:
     @staticmethod
     def _update(view: _View, state: RunState) -> None:
         view.last_step, view.last_step_time = state.last_step, state.last_step_time
-        view.started_at, view.finished = state.started_at, state.finished
+        view.started_at, view.finished, view.fatal = state.started_at, state.finished, state.fatal
         if state.source:
             view.sources.pop(state.source, None)
             view.sources[state.source] = None
@@ -154,6 +156,9 @@ class StallWatch:
         view.saving_since = checkpoint.started if checkpoint is not None and checkpoint.saving else None
 
     def _stalled(self, run: RunKey, view: _View, now: float) -> tuple[str, str] | None:
+        if view.fatal is not None:  # no need to wait: the trainer said it stopped
+            where = f"at step {view.fatal[1]}" if view.last_step is not None else "before its first step"
+            return "fatal", f"the trainer's output ended in a fatal {view.fatal[0]} error {where}"
         if view.last_step_time is not None:
             idle, limit = now - view.last_step_time, self.threshold(run)
             if idle <= limit or (view.saving_since is not None

@@ -47,6 +47,11 @@ BLOCKS_DIR = "blocks"
 HELP_NOTE = (" Backfilled from the log: step times are the lines' own timestamps where they have them,"
              " else reconstructed backwards from the file's modification time by timing_s/step.")
 
+# A history longer than this is no run's: a line's timestamp (1970, 2100) or a logged step time
+# (timing_s/step 1e12) is wrong, and its samples would not fit in memory.
+MAX_HISTORY_SECONDS = 366 * 86400.0
+MAX_SAMPLES = 50_000_000  # written by one backfill: past it, a longer --scrape-interval
+
 SeriesId = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
 
 
@@ -98,6 +103,11 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
     if not events:
         raise ValueError("no training steps and no errors in " + ", ".join(paths))
     events.sort(key=lambda event: event[:3])
+    span = max(events[-1][0], until if until is not None else -math.inf) - events[0][0]
+    if span > MAX_HISTORY_SECONDS:
+        raise ValueError(f"the logs' times span {span / 86400 / 365.25:.3g} years, {_iso(events[0][0])} to "
+                         f"{_iso(events[-1][0] if until is None else max(until, events[-1][0]))}: over a year, so a "
+                         "line's timestamp or a logged step time (timing_s/step) is wrong")
     store = RunStore(default_catalog())
     collector = TrainingCollector(store)
     latest: dict[SeriesId, float] = {}
@@ -144,6 +154,10 @@ def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVA
                       instance: str = "backfill", keep: Callable[[str], bool] | None = None) -> int:
     """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
     ``keep``: whether a series name is written (all are without it)."""
+    count = int((history.end - history.start) // interval) + 2
+    if count * len(history.series) > MAX_SAMPLES:
+        raise ValueError(f"{count} scrapes of {len(history.series)} series are over {MAX_SAMPLES:,} samples: "
+                         "give a longer --scrape-interval")
     grid = history.grid(interval)
     target = (("instance", instance), ("job", job))
     written = 0
@@ -306,6 +320,13 @@ def describe(history: History) -> str:
         lines.append(f"{timeline.path}: {', '.join(runs)}: {len(timeline.steps)} steps ({first.step}-{last.step}), "
                      f"{iso(first.time)} to {iso(last.time)}, times from {timeline.method}")
     return "\n".join(lines)
+
+
+def _iso(moment: float) -> str:
+    try:
+        return iso(moment)
+    except (OverflowError, OSError, ValueError):
+        return f"{moment:.0f} s"
 
 
 def iso(moment: float) -> str:

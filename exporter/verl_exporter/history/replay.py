@@ -360,7 +360,7 @@ def _steps(history: History, run: RunKey | None, period: Period) -> str:
     first, last = history.step_at(run, period.start), history.step_at(run, period.end)
     if last is None:
         return "before the first step"
-    return f"{'before the first step' if first is None else f'step {first}'} to step {last}"
+    return f"{'before the first step' if first is None else f'step {first}'} to {last}"
 
 
 def _stop(signum: int, frame: object) -> None:

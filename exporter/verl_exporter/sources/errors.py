@@ -10,9 +10,9 @@ import re
 KINDS = ("cuda_oom", "nccl_timeout", "segfault", "ray_actor_died", "traceback")
 MAX_LINE_CHARS = 300  # of an error line kept for the evidence
 _OOM = re.compile(r"(?:CUDA|HIP|cuda|hip)(?: error)?:? out of memory|OutOfMemoryError")
-_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout"
-                           r"|NCCL[^'\n]{0,200}?\btim(?:ed out|eout)\b(?!')")
 _CONFIG_ROW = re.compile(r"['\"]\w+['\"]\s*:")
+NCCL_REACH = 200  # characters from "NCCL" to the word "timeout" / "timed out" of one message
+MAX_TIMEOUT_WORDS = 64  # of one line, looked at: a line of nothing but "NCCL 'timeout'" costs no more
 
 
 def error_kind(line: str) -> str | None:
@@ -20,7 +20,7 @@ def error_kind(line: str) -> str | None:
     kind is looked for only where a plain substring test finds its words."""
     if ("of memory" in line or "OfMemory" in line) and _OOM.search(line):
         return "cuda_oom"
-    if ("Watchdog" in line or "NCCL" in line) and _NCCL_TIMEOUT.search(line) and not _CONFIG_ROW.search(line):
+    if ("Watchdog" in line or "NCCL" in line) and _nccl_timeout(line) and not _CONFIG_ROW.search(line):
         return "nccl_timeout"
     if "Segmentation fault" in line or "SIGSEGV" in line:
         return "segfault"
@@ -29,3 +29,33 @@ def error_kind(line: str) -> str | None:
     if "Traceback (most recent call last)" in line:
         return "traceback"
     return None
+
+
+def _word_at(line: str, at: int, word: str) -> bool:
+    """``word`` at ``at`` is a whole word and not the end of a quoted key (``'nccl_timeout'``)."""
+    end = at + len(word)
+    before = line[at - 1] if at else " "
+    after = line[end] if end < len(line) else " "
+    return not (before.isalnum() or before == "_") and not (after.isalnum() or after in "_'")
+
+
+def _nccl_timeout(line: str) -> bool:
+    """NCCL's watchdog timeout, or "NCCL" and then, within NCCL_REACH characters of the same message
+    (no quote or line break between), the word "timeout" or "timed out". Found with ``str.find``,
+    at most MAX_TIMEOUT_WORDS words per line: linear in the line, whatever it holds."""
+    if "Watchdog caught collective operation timeout" in line:
+        return True
+    for word in ("timed out", "timeout"):
+        start = 0
+        for _ in range(MAX_TIMEOUT_WORDS):
+            at = line.find(word, start)
+            if at < 0:
+                break
+            start = at + 1
+            if not _word_at(line, at, word):
+                continue
+            window = line[max(0, at - NCCL_REACH - 4):at]
+            nccl = window.rfind("NCCL")
+            if nccl >= 0 and "'" not in window[nccl:] and "\n" not in window[nccl:]:
+                return True
+    return False

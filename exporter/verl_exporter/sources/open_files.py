@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 OPEN_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_OPEN_FILES = 256
+MAX_REMEMBERED_FILES = 10_000  # paths whose inode as last opened is remembered (``OpenFiles.inode``)
 
 
 class OpenFiles:
@@ -24,6 +25,7 @@ class OpenFiles:
         self.evictions = 0  # files closed to make room, since start
         self._lru: OrderedDict[int, FileHandle] = OrderedDict()
         self._pinned: set[int] = set()
+        self._inodes: OrderedDict[str, tuple[int, int]] = OrderedDict()  # path -> (device, inode) as opened
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -33,6 +35,10 @@ class OpenFiles:
         """``handle`` was just opened (or read): make it the most recent, closing others over the limit."""
         with self._lock:
             key = id(handle)
+            self._inodes[handle.path] = handle.inode
+            self._inodes.move_to_end(handle.path)
+            if len(self._inodes) > MAX_REMEMBERED_FILES:
+                self._inodes.popitem(last=False)
             if key in self._pinned:
                 return
             self._lru[key] = handle
@@ -41,6 +47,13 @@ class OpenFiles:
                 _, victim = self._lru.popitem(last=False)
                 self.evictions += 1
                 close_fd(victim)
+
+    def inode(self, path: str) -> tuple[int, int] | None:
+        """(device, inode) of the file a follower last opened at ``path``; None if none did. Readers
+        of the same path after the followers (the evidence's log tails) read that file only: a path
+        swapped since for a link to another file is not the file the follower was allowed to read."""
+        with self._lock:
+            return self._inodes.get(path)
 
     def pin(self, handle: FileHandle) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ import yaml
 
 from verl_exporter.records import MAX_STEP, ParseError, clean_text
 from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
+from verl_exporter.yaml_files import AliasRefused, NoAliasLoader
 
 MAX_CONFIG_LINES = 10_000
 MAX_CONFIG_CHARS = 256 << 10  # 3 times the largest config print of the real runs (84 kB, verl 0.4 GPG)
@@ -275,20 +276,6 @@ def read_literal(text: str) -> dict:
     return value
 
 
-class _NoAliases(yaml.SafeLoader):
-    """YAML's safe loader without anchors and aliases: hydra never writes them, and they are what
-    builds a self-referencing mapping or an exponential "billion laughs" from a few bytes."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasRefused()
-        return super().compose_node(parent, index)
-
-
-class _AliasRefused(yaml.YAMLError):
-    pass
-
-
 def read_config_text(text: str) -> dict:
     """A config file's dict: hydra's YAML, or a saved config print (a Python dict literal)."""
     if len(text) > MAX_CONFIG_CHARS:
@@ -298,8 +285,8 @@ def read_config_text(text: str) -> dict:
     if text.lstrip().startswith("{'"):
         return read_literal(text)
     try:
-        value = yaml.load(text, Loader=_NoAliases)  # noqa: S506 (a SafeLoader that refuses aliases)
-    except _AliasRefused:
+        value = yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader that refuses aliases)
+    except AliasRefused:
         raise ParseError("config file uses YAML aliases (*name), which are not read") from None
     except yaml.YAMLError as exc:
         raise ParseError(f"config file is not valid YAML ({type(exc).__name__})") from None

@@ -1,0 +1,24 @@
+"""YAML's safe loader without aliases, for every file the exporter reads (its options file, its web
+config, a run's config): none needs an alias, and aliases are what build a self-referencing
+mapping or an exponential "billion laughs" (gigabytes from a few hundred bytes)."""
+
+from __future__ import annotations
+
+import yaml
+
+
+class AliasRefused(yaml.YAMLError):
+    """The file uses an alias (``*name``); ``mark`` says where."""
+
+    def __init__(self, mark) -> None:
+        super().__init__()
+        self.mark = mark
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that raises AliasRefused at the first alias, before expanding anything."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise AliasRefused(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
