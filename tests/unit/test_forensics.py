@@ -23,8 +23,8 @@ from verl_exporter.forensics.gpus import describe_gpus
 from verl_exporter.forensics.report import render
 from verl_exporter.options import OPTIONS, OptionsError, load_options
 from verl_exporter.records import Record, RunKey
-from verl_exporter.sources.open_files import OPEN_FILES, FileHandle
 from verl_exporter.server import serve
+from verl_exporter.sources.open_files import OPEN_FILES, FileHandle
 from verl_exporter.store import RunStore
 from verl_exporter.web_config import WebConfig
 

@@ -21,10 +21,10 @@ from urllib.parse import urlencode
 
 from .. import __version__
 from ..records import RunKey
+from ..sources.open_files import OPEN_FILES, OpenFiles
 from ..store import RunStore
 from .archive import MAX_RUNS, EvidenceArchive
 from .gpus import describe_gpus
-from ..sources.open_files import OPEN_FILES, OpenFiles
 from .logtail import read_tail
 from .report import MAX_BYTES, render
 from .stacks import dump_job, find_py_spy, top_frame
