@@ -15,8 +15,8 @@ The limits, all enforced before any credentials are checked:
   ``MAX_BODIES_IN_FLIGHT`` distinct renderings are held by unfinished answers (the oldest
   round's laggards are dropped);
 - ``MAX_CONNECTIONS`` open at once (and at most half the file descriptor limit): a new
-  connection past the cap closes the oldest one that has no request in progress, or is refused
-  when every one has.
+  connection past the cap closes the oldest one that has no request in progress (one still
+  sending its request's head or body has none), or is refused when every one has.
 """
 
 from __future__ import annotations
@@ -180,8 +180,10 @@ class Connection:
             request = await self._next_request(conn)
             if request is None:
                 return
-            self.busy = True
+            # Busy (not closed to make room) only once its body is in: a client that sends a head
+            # announcing a body and then nothing holds no slot the cap must keep.
             complete = small_body(request) and await self._skip_body(conn)
+            self.busy = True
             self._disarm()
             method = request.method.decode("ascii", "replace")
             target = request_path(request.target)

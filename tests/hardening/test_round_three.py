@@ -1,0 +1,188 @@
+"""Hostile input, round three (outside Slurm): a connection flood of heads that promise a body, the
+evidence's log tails and files against planted links, FIFOs and foreign files, a YAML alias bomb
+in the options file, a replay whose times span centuries, and a line of nothing but NCCL words.
+Each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from servers import REPO, http_get, require_binary
+from verl_exporter import server as server_module
+from verl_exporter.exposition import Exposition
+from verl_exporter.forensics import EvidenceArchive, logtail
+from verl_exporter.forensics.archive import file_name
+from verl_exporter.options import OptionsError, load_options
+from verl_exporter.records import RunKey
+from verl_exporter.sources import Source
+from verl_exporter.sources.errors import error_kind
+from verl_exporter.sources.open_files import OpenFiles
+
+RUN = RunKey("gsm8k", "ppo")
+
+
+# --- H4: heads that announce a body and send none -------------------------------------------------
+
+def test_heads_that_promise_a_body_do_not_hold_the_connection_cap(monkeypatch):
+    """300 connections each send a request head with ``Content-Length: 1000`` and no body. They
+    count as idle, not busy: the cap closes them to make room and a scrape is answered."""
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([]))
+    try:
+        http.max_connections = 32
+        port = http.server_address[1]
+        socks = []
+        for _ in range(300):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+                socks.append(sock)
+            except OSError:
+                pass
+        time.sleep(0.3)
+        answers = [http_get(f"http://127.0.0.1:{port}/-/healthy", timeout=5)[0] for _ in range(5)]
+        for sock in socks:
+            sock.close()
+        assert answers == [200] * 5
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+# --- H1, M2: the evidence reads what the followers read -------------------------------------------
+
+def followed(tmp_path, name: str, text: str) -> tuple[str, OpenFiles]:
+    """A log file a Source followed (with its own pool of open files)."""
+    log = tmp_path / name
+    log.write_text(text)
+    pool = OpenFiles()
+    Source(str(log), _Sink(), open_files=pool).settle()
+    return str(log), pool
+
+
+class _Sink:
+    def ingest(self, record):
+        pass
+
+    def parse_error(self, source, reason):
+        pass
+
+
+def test_a_log_swapped_for_a_link_to_a_secret_is_not_read_into_the_evidence(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("api-key=hunter2\n")
+    os.chmod(secret, 0o600)
+    path, pool = followed(tmp_path, "job.out", "step:1 - actor/pg_loss:0.1\n")
+    assert "step:1" in logtail.read_tail(path, inode=pool.inode(path)).lines[0]
+    os.unlink(path)
+    os.symlink(secret, path)
+    tail = logtail.read_tail(path, inode=pool.inode(path))
+    assert tail.lines == [] and tail.error
+    hardlinked = tmp_path / "job2.out"
+    os.link(secret, hardlinked)  # another name of the secret, never followed
+    assert logtail.read_tail(str(hardlinked), inode=pool.inode(str(hardlinked))).lines == []
+    os.unlink(path)
+    (tmp_path / "job.out").write_text("step:2 - actor/pg_loss:0.1\n")  # a new file at the same name
+    assert logtail.read_tail(path, inode=pool.inode(path)).lines == []
+
+
+def test_a_log_replaced_by_a_fifo_does_not_block_the_evidence(tmp_path):
+    path, pool = followed(tmp_path, "job.out", "step:1 - actor/pg_loss:0.1\n")
+    os.unlink(path)
+    os.mkfifo(path)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(logtail.read_tail(path, inode=pool.inode(path))),
+                              daemon=True)
+    reader.start()
+    reader.join(5)
+    assert done and done[0].error and done[0].lines == []
+
+
+# --- M3, L1: the evidence directory ---------------------------------------------------------------
+
+def test_a_planted_link_at_the_temporary_name_is_not_written_through(tmp_path, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    moment = 1_700_000_000.0
+    monkeypatch.setattr(time, "time", lambda: moment)
+    planted = folder / ("." + file_name(RUN, moment) + ".tmp")
+    os.symlink(victim, planted)
+    EvidenceArchive(str(folder)).put(RUN, "evidence text\n", moment)
+    assert victim.read_text() == "keep me\n"
+    assert (folder / file_name(RUN, moment)).read_text() == "evidence text\n"
+
+
+def test_retention_keeps_real_captures_against_planted_and_foreign_files(tmp_path):
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    future = folder / "evidence-99991231T235959.000000Z-gsm8k-ppo-0123456789ab.txt"
+    future.write_text("planted\n")
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("not evidence\n")
+    linked = folder / "evidence-20000101T000000.000000Z-a-b-0123456789ab.txt"
+    os.symlink(elsewhere, linked)
+    archive = EvidenceArchive(str(folder), retention=2)
+    for index in range(3):
+        archive.put(RunKey("gsm8k", f"run{index}"), f"capture {index}\n", 1_700_000_000.0 + index)
+    kept = sorted(path.name for path in folder.iterdir())
+    assert future.exists() and linked.is_symlink() and elsewhere.exists()
+    assert [name for name in kept if "run" in name] == [file_name(RunKey("gsm8k", f"run{i}"), 1_700_000_000.0 + i)
+                                                       for i in (1, 2)]
+
+
+# --- L3: a YAML alias bomb in the options file ----------------------------------------------------
+
+BOMB = "".join(f"{chr(97 + level)}: &{chr(97 + level)} [" + ",".join(
+    [f"*{chr(96 + level)}"] * 9 if level else ['"x"'] * 9) + "]\n" for level in range(9))
+
+
+def test_an_alias_bomb_in_the_options_file_is_one_line_and_no_memory(tmp_path):
+    options = tmp_path / "options.yml"
+    options.write_text(BOMB)
+    with pytest.raises(OptionsError, match="uses a YAML alias"):
+        load_options(["--config.file", str(options)])
+    started = subprocess.run([sys.executable, "-m", "verl_exporter", "--config.file", str(options)],
+                             capture_output=True, text=True, timeout=60, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "exporter")})
+    assert started.returncode == 2 and "Traceback" not in started.stderr
+    assert started.stderr.strip().count("\n") == 0 and "YAML alias" in started.stderr
+
+
+# --- M5: a replay whose times span centuries ------------------------------------------------------
+
+@pytest.mark.parametrize("lines", [
+    "1970-01-01T00:00:01Z step:1 - actor/pg_loss:0.1\n2100-01-01T00:00:00Z step:2 - actor/pg_loss:0.2\n",
+    "step:1 - actor/pg_loss:0.1 - timing_s/step:1e12\nstep:2 - actor/pg_loss:0.2 - timing_s/step:1e12\n",
+])
+@pytest.mark.parametrize("command", ["replay", "backfill"])
+def test_a_log_whose_times_span_centuries_is_one_line_and_exit_2(tmp_path, lines, command):
+    log = tmp_path / "console.log"
+    log.write_text(lines)
+    extra = (["--prometheus", require_binary("prometheus"), "--promtool", require_binary("promtool")]
+             if command == "replay" else ["--output", str(tmp_path / "out"), "--no-blocks"])
+    done = subprocess.run([sys.executable, "-m", "verl_exporter", command, str(log), *extra],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "exporter")})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "over a year" in done.stderr and done.stderr.strip().count("\n") == 0
+
+
+# --- L5: NCCL words cost what their line costs ----------------------------------------------------
+
+def test_a_line_of_nccl_words_is_read_by_its_words_not_by_a_backtracking_regex(monkeypatch):
+    """The NCCL timeout is found with ``str.find``: no regular expression is run over the line."""
+    import verl_exporter.sources.errors as errors
+
+    assert not hasattr(errors, "_NCCL_TIMEOUT")
+    line = "NCCL 'timeout' " * 70_000
+    assert error_kind(line) is None
+    assert error_kind("(WorkerDict pid=9) NCCL operation timed out after 1800 s") == "nccl_timeout"
+    assert error_kind("                        'nccl_timeout': 600,") is None
