@@ -129,6 +129,7 @@ def commit(app, plan: Plan) -> bool:
     logging.getLogger().setLevel(log_level(options))
     if app.server is not None:
         app.server.telemetry_path = options.web_telemetry_path
+        plan.web.keep_verified(app.web)
         app.server.web = plan.web
     app.web = plan.web
     if added is not None:

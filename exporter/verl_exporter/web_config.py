@@ -86,11 +86,13 @@ class WebConfig:
     _cache: "_AuthCache" = field(default_factory=lambda: _AuthCache(), compare=False, repr=False)
 
     def check_password(self, user: str, password: str) -> bool:
-        """True if ``user`` has ``password``. A verified pair is kept (failures never push it out),
-        so scrapes skip bcrypt; bcrypt runs one check at a time with at most ``BCRYPT_SLOTS``
-        waiting, and a check past them is refused at once (False, not remembered). An unknown user
-        costs a bcrypt of the same cost as the users' hashes, so a wrong name takes as long as a
-        wrong password."""
+        """True if ``user`` has ``password``. A verified pair is kept (failures never push it out,
+        and a reload that keeps the user's hash keeps it: ``keep_verified``), so scrapes skip
+        bcrypt; bcrypt runs one check at a time with at most ``BCRYPT_SLOTS`` waiting, and a check
+        past them is refused at once (False, not remembered). An unknown user costs a bcrypt of the
+        cost of one of the users' hashes, the same one for the same name, so a wrong name takes as
+        long as a wrong password of some user. Only a password's first 72 bytes count, as bcrypt,
+        htpasswd and Go's exporter-toolkit take them."""
         if not self.users:
             return True
         key = self._cache.key(user, password)
@@ -106,15 +108,22 @@ class WebConfig:
                     return cached
                 hashed = self.users.get(user)
                 try:
-                    ok = bcrypt.checkpw(password.encode("utf-8", "surrogatepass"),
-                                        hashed or self._cache.dummy_hash(self.users))
+                    ok = bcrypt.checkpw(password.encode("utf-8", "surrogatepass")[:BCRYPT_MAX_BYTES],
+                                        hashed or self._cache.dummy_hash(self.users, user))
                 except ValueError:
                     ok = False
         finally:
             self._cache.slots.release()
         ok = ok and hashed is not None
-        self._cache.set(key, ok)
+        self._cache.set(key, ok, user)
         return ok
+
+    def keep_verified(self, before: "WebConfig") -> None:
+        """Take the pairs ``before`` (the config this one replaces) verified, of the users whose hash
+        is the same here: a reload does not send every scrape back to bcrypt, where a flood of wrong
+        passwords would keep them waiting."""
+        self._cache.adopt(before._cache, {user for user, hashed in self.users.items()
+                                          if before.users.get(user) == hashed})
 
     def cached_password(self, user: str, password: str) -> bool | None:
         """What :meth:`check_password` would answer without running bcrypt: True or False when
@@ -132,6 +141,7 @@ class WebConfig:
 
 
 BCRYPT_SLOTS = 4  # bcrypt checks running or waiting at once; more are refused without one
+BCRYPT_MAX_BYTES = 72  # of a password, that bcrypt reads
 
 
 class _AuthCache:
@@ -145,7 +155,8 @@ class _AuthCache:
         self.slots = threading.BoundedSemaphore(BCRYPT_SLOTS)
         self._lock = threading.Lock()
         self._items: dict[bool, OrderedDict[bytes, bool]] = {True: OrderedDict(), False: OrderedDict()}
-        self._dummy: bytes | None = None
+        self._verified_by: dict[bytes, str] = {}  # a verified pair's user
+        self._dummies: dict[int, bytes] = {}
 
     @staticmethod
     def key(user: str, password: str) -> bytes:
@@ -160,19 +171,35 @@ class _AuthCache:
                     return value
             return None
 
-    def set(self, key: bytes, value: bool) -> None:
+    def set(self, key: bytes, value: bool, user: str = "") -> None:
         with self._lock:
             items = self._items[value]
             items[key] = value
+            if value:
+                self._verified_by[key] = user
             while len(items) > (self.size if value else self.failures):
-                items.popitem(last=False)
+                dropped, _ = items.popitem(last=False)
+                self._verified_by.pop(dropped, None)
 
-    def dummy_hash(self, users: dict[str, bytes]) -> bytes:
-        """A hash no password matches, of the highest cost among ``users``' hashes."""
-        if self._dummy is None:
-            cost = max((int(hashed.split(b"$")[2]) for hashed in users.values()), default=10)
-            self._dummy = b"$2b$%02d$" % cost + _FAKE_HASH[7:]
-        return self._dummy
+    def adopt(self, other: "_AuthCache", users: set[str]) -> None:
+        """The pairs ``other`` verified for ``users``."""
+        with other._lock:
+            kept = [(key, other._verified_by.get(key, "")) for key in other._items[True]]
+        for key, user in kept:
+            if user in users:
+                self.set(key, True, user)
+
+    def dummy_hash(self, users: dict[str, bytes], name: str) -> bytes:
+        """A hash no password matches, for an unknown user ``name``: of the cost of one of ``users``'
+        hashes, picked by the name (the same name, the same cost; one cost when all users share it)."""
+        costs = sorted(int(hashed.split(b"$")[2]) for hashed in users.values()) or [10]
+        cost = costs[int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:4], "big")
+                     % len(costs)]
+        with self._lock:
+            dummy = self._dummies.get(cost)
+            if dummy is None:
+                dummy = self._dummies[cost] = b"$2b$%02d$" % cost + _FAKE_HASH[7:]
+        return dummy
 
 
 def load(path: str | None) -> WebConfig:

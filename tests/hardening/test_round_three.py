@@ -12,10 +12,13 @@ import sys
 import threading
 import time
 
+import bcrypt
 import pytest
 
+from certs import write_web_config
 from servers import REPO, http_get, require_binary
 from verl_exporter import server as server_module
+from verl_exporter import web_config
 from verl_exporter.exposition import Exposition
 from verl_exporter.forensics import EvidenceArchive, logtail
 from verl_exporter.forensics.archive import file_name
@@ -186,3 +189,44 @@ def test_a_line_of_nccl_words_is_read_by_its_words_not_by_a_backtracking_regex(m
     assert error_kind(line) is None
     assert error_kind("(WorkerDict pid=9) NCCL operation timed out after 1800 s") == "nccl_timeout"
     assert error_kind("                        'nccl_timeout': 600,") is None
+
+
+# --- round two's three left: reloads keep verified pairs, unknown users' cost, long passwords -----
+
+def _hash(password: bytes, cost: int = 4) -> bytes:
+    return bcrypt.hashpw(password, bcrypt.gensalt(cost))
+
+
+def test_a_reload_keeps_the_pairs_verified_for_unchanged_users(tmp_path):
+    config = write_web_config(tmp_path / "web.yml", {"basic_auth_users": {"alice": _hash(b"right").decode(),
+                                                                          "bob": _hash(b"other").decode()}})
+    before = web_config.load(str(config))
+    assert before.check_password("alice", "right") and before.check_password("bob", "other")
+    text = config.read_text().replace(before.users["bob"].decode(), _hash(b"new").decode())
+    config.write_text(text)
+    after = web_config.load(str(config))
+    assert after.cached_password("alice", "right") is None  # what a reload used to start with
+    after.keep_verified(before)
+    assert after.cached_password("alice", "right") is True  # no bcrypt: no queue behind a flood
+    assert after.cached_password("bob", "other") is None  # bob's hash changed: checked again
+    assert not after.check_password("bob", "other") and after.check_password("bob", "new")
+
+
+def test_an_unknown_user_costs_what_some_user_costs_and_the_same_each_time(monkeypatch):
+    web = web_config.WebConfig(users={"alice": _hash(b"a", 4), "bob": _hash(b"b", 5)})
+    used = []
+    real = web_config.bcrypt.checkpw
+    monkeypatch.setattr(web_config.bcrypt, "checkpw", lambda password, hashed: used.append(hashed) or real(password,
+                                                                                                         hashed))
+    for name in [f"mallory{index}" for index in range(40)] + ["mallory0"]:
+        web.check_password(name, "wrong")
+    costs = [int(hashed.split(b"$")[2]) for hashed in used]
+    assert set(costs) == {4, 5}, "unknown names all cost the highest user's bcrypt: told apart from the others"
+    assert costs[0] == costs[-1]  # the same name, the same cost
+
+
+def test_a_password_over_72_bytes_is_checked_by_its_first_72_as_htpasswd_hashes_it():
+    password = "p" * 80
+    web = web_config.WebConfig(users={"alice": _hash(password.encode()[:72])})
+    assert web.check_password("alice", password)
+    assert not web.check_password("alice", "q" + password[1:])
