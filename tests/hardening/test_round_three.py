@@ -230,3 +230,24 @@ def test_a_password_over_72_bytes_is_checked_by_its_first_72_as_htpasswd_hashes_
     web = web_config.WebConfig(users={"alice": _hash(password.encode()[:72])})
     assert web.check_password("alice", password)
     assert not web.check_password("alice", "q" + password[1:])
+
+
+# --- M6: churn of runs with keys of their own -----------------------------------------------------
+
+def test_runs_that_come_and_go_with_keys_of_their_own_leave_nothing_behind():
+    from verl_exporter.catalog import default_catalog
+    from verl_exporter.collectors.training import TrainingCollector
+    from verl_exporter.records import Record
+    from verl_exporter.store import RunStore
+
+    now = [1_000.0]
+    store = RunStore(default_catalog(), idle_retention=60.0, clock=lambda: now[0])
+    collector = TrainingCollector(store)
+    for index in range(300):
+        keys = {f"custom/run{index}/metric{k}": float(k) for k in range(20)}
+        store.ingest(Record(RunKey("churn", f"run{index}"), 1, keys, time=now[0], source=f"/logs/{index}.log"))
+        collector.text_parts()
+        now[0] += 120.0  # each run idle past its retention before the next comes
+    collector.text_parts()
+    assert len(store.snapshot().runs) <= 1
+    assert len(collector._text._headers) < 200, "every key ever logged keeps a header"

@@ -55,6 +55,8 @@ class RunText:
             snapshot, changed = self._runs.update()
             if changed or self._joined is None:
                 self._joined, self._blocks = self._join(), {}
+                if len(self._headers) > len(self._joined):  # families no run has any more: let go
+                    self._headers = {key: header for key, header in self._headers.items() if key in self._joined}
             inputs = (snapshot.parse_errors, snapshot.values_dropped, snapshot.sources, len(snapshot.versions or {}),
                       snapshot.runs_dropped, snapshot.runs_expired, snapshot.run_cap_reached)
             if not changed and self._last is not None and self._last[0] == inputs:
