@@ -60,6 +60,7 @@ class RunState:
     owner_at: float = 0.0  # when the owner last fed the run (by the time its lines were written)
     owner: str = ""  # the source that first fed the run: another (matched by a glob) cannot
     config_source: str = ""  # the config file, other than the owner, that describes the run
+    config_by_owner: bool = False  # the owner's log printed the run's config
     room: list[int] | None = None  # keys the cap still takes: [outside the catalog, of its families]
     series: dict[SeriesKey, tuple[Resolved, float]] = field(default_factory=dict)
     logged_at: dict[str, int] = field(default_factory=dict)  # of metrics logged under two spellings: when
@@ -98,6 +99,7 @@ class RunState:
             owner=self.owner,
             owner_at=self.owner_at,
             config_source=self.config_source,
+            config_by_owner=self.config_by_owner,
             logged_at=dict(self.logged_at),
             total_steps=self.total_steps,
             total_from_log=self.total_from_log,

@@ -123,6 +123,8 @@ class RunStore:
             if state.started_at is None or record.time < state.started_at:
                 state.started_at = record.time
             if record.run_config is not None or record.total_steps is not None:
+                if record.run_config is not None and source == state.owner:
+                    state.config_by_owner = True  # the run's own log printed it: no config file overrides
                 self._describe(state, record)
                 return
             if record.source:
@@ -286,7 +288,8 @@ class RunStore:
         ``named`` (its file or run named by the operator), or the feeding source was silent for
         ``OWNER_HANDOVER_SECONDS`` (a resumed job's new log takes over), or it is the run's config
         (settings and length) from the first config file that describes the run (hydra writes
-        ``.hydra/config.yaml`` apart from the log). Otherwise a file in a shared folder could name
+        ``.hydra/config.yaml`` apart from the log), while the run's own log printed none: another
+        log's config print never describes, lengthens or finishes the run. Otherwise a file in a shared folder could name
         itself another team's run and step or finish it: refused, counted (``values_dropped``,
         reason other_source) and logged once per source."""
         source, owner = record.source, state.owner
@@ -302,7 +305,8 @@ class RunStore:
             state.owner, state.owner_at = source, record.time
             state.owner_job = record.job
             return True
-        if record.run_config is not None and state.config_source in ("", source):
+        if (record.run_config is not None and not record.job and not state.config_by_owner
+                and state.config_source in ("", source)):  # a config file (hydra's: no job), not a log
             state.config_source = source
             return True
         self._count_dropped(source, OTHER_SOURCE, len(record.values) or 1)

@@ -251,3 +251,24 @@ def test_runs_that_come_and_go_with_keys_of_their_own_leave_nothing_behind():
     collector.text_parts()
     assert len(store.snapshot().runs) <= 1
     assert len(collector._text._headers) < 200, "every key ever logged keeps a header"
+
+
+# --- L10: another log's config print --------------------------------------------------------------
+
+def _config_print(total: int, lr: float) -> str:
+    return ("{'trainer': {'project_name': 'gsm8k', 'experiment_name': 'ppo', 'total_training_steps': %d}, "
+            "'actor_rollout_ref': {'actor': {'optim': {'lr': %g}}}}\n" % (total, lr))
+
+
+def test_another_logs_config_print_neither_finishes_nor_describes_the_run(tmp_path):
+    from verl_exporter.catalog import default_catalog
+    from verl_exporter.store import RunStore
+
+    (tmp_path / "a-victim.log").write_text(_config_print(100, 1e-6) + "".join(
+        f"step:{step} - actor/pg_loss:0.1\n" for step in range(1, 51)))
+    (tmp_path / "b-attacker.log").write_text(_config_print(1, 0.5) + "Total training steps: 1\n")
+    store = RunStore(default_catalog())
+    Source(str(tmp_path / "*.log"), store).settle()
+    [state] = store.snapshot().runs
+    assert state.last_step == 50 and not state.finished and state.total_steps == 100
+    assert state.config.get("actor_rollout_ref.actor.optim.lr") == 1e-6
