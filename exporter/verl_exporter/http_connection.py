@@ -239,6 +239,7 @@ class Connection:
         """The next request's head, None when the client closed; protocol errors are answered here."""
         assert self.reader is not None
         self._arm(self.server.header_timeout)
+        fed = len(conn.trailing_data[0])  # bytes h11 holds for this request: a pipelined one's included
         while True:
             try:
                 event = conn.next_event()
@@ -249,9 +250,15 @@ class Connection:
                 data = await self.reader.read(MAX_HEADER_BYTES)
                 if not data and conn.their_state is not h11.IDLE:
                     return None  # closed mid-request
+                fed += len(data)
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
+                # h11 caps a head only while it is incomplete: one that came whole in a single read
+                # past the limit is refused here, as one that trickled in is.
+                if fed - len(conn.trailing_data[0]) > MAX_HEADER_BYTES:
+                    await self._write_simple(431, b"Request Header Fields Too Large\n")
+                    return None
                 return event
             return None  # ConnectionClosed
 

@@ -272,3 +272,23 @@ def test_another_logs_config_print_neither_finishes_nor_describes_the_run(tmp_pa
     [state] = store.snapshot().runs
     assert state.last_step == 50 and not state.finished and state.total_steps == 100
     assert state.config.get("actor_rollout_ref.actor.optim.lr") == 1e-6
+
+
+# --- L8: a head past 16 KiB in one write ----------------------------------------------------------
+
+@pytest.mark.parametrize("size", [17 * 1024, 30 * 1024])
+def test_a_head_past_16_kib_sent_in_one_write_is_refused(size):
+    from hardening_helpers import raw_request
+
+    http, _ = server_module.serve(("127.0.0.1", 0), Exposition([]))
+    try:
+        port = http.server_address[1]
+        pad = b"X-Pad: " + b"a" * (size - 60) + b"\r\n"
+        reply = raw_request(port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n")
+        assert reply.split(b"\r\n", 1)[0].split()[1] == b"431"
+        small = raw_request(port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 15_000
+                            + b"\r\nConnection: close\r\n\r\n")
+        assert small.split(b"\r\n", 1)[0].split()[1] == b"200"
+    finally:
+        http.shutdown()
+        http.server_close()
