@@ -17,12 +17,11 @@ from verl_exporter.schedulers import slurm_sd
 from verl_exporter.schedulers.slurm_sd import CachedTargets, Discovery, SlurmError
 
 SQUEUE = (
-    "4211|alice|gpu|gpu[01-02,07]|verl-grpo-qwen7b\n"
-    "4212|bob|gpu-long|node3|verl ppo | with a bar\n"
-    "\n"
-    "4213_5|carol|debug|cpu1,gpu[10-11]|sweep\n"
     "not a line squeue prints\n"
     "4214|dave|gpu||no-nodes-yet\n"
+    "4211|alice|gpu|gpu[01-02,07]|verl-grpo-qwen7b\n"
+    "4212|bob|gpu-long|node3|verl ppo | with a bar\n"
+    "4213_5|carol|debug|cpu1,gpu[10-11]|sweep\n"
 )
 HOSTNAMES = {
     "gpu[01-02,07]": "gpu01\ngpu02\ngpu07\n",
@@ -43,9 +42,16 @@ class FakeSlurm:
         if self.fail is not None:
             raise self.fail
         if argv[0] == "squeue":
+            if argv[3] == f"--format={slurm_sd.SQUEUE_JOBS_FORMAT}":
+                return jobs_only(self.squeue)
             return self.squeue
         assert argv[:3] == ["scontrol", "show", "hostnames"], argv
         return HOSTNAMES[argv[3]]
+
+
+def jobs_only(squeue: str) -> str:
+    """What squeue prints for the same jobs without their names (the separator is in no other field)."""
+    return "".join("|".join(line.split("|")[:4]) + "\n" for line in squeue.split("\n") if line)
 
 
 def labels(job_id, user, partition, name):
@@ -54,13 +60,26 @@ def labels(job_id, user, partition, name):
 
 def test_squeue_lines_become_jobs_and_bad_lines_are_skipped(caplog):
     with caplog.at_level(logging.WARNING):
-        jobs = slurm_sd.parse_squeue(SQUEUE)
+        jobs = slurm_sd.parse_squeue(jobs_only(SQUEUE), SQUEUE)
     assert [(job.labels, job.nodes) for job in jobs] == [
         (labels("4211", "alice", "gpu", "verl-grpo-qwen7b"), "gpu[01-02,07]"),
         (labels("4212", "bob", "gpu-long", "verl ppo | with a bar"), "node3"),  # the name is the last field
         (labels("4213_5", "carol", "debug", "sweep"), "cpu1,gpu[10-11]"),
     ]
     assert len([r for r in caplog.records if "skipping an squeue line" in r.getMessage()]) == 2
+
+
+def test_a_name_cannot_forge_a_job_a_host_or_a_user():
+    """A name holding a line break and a whole forged squeue line (``\x1e`` and U+2028 too, which
+    ``str.splitlines`` would cut at) stays that job's name: the jobs come from the nameless list."""
+    forged = "99999|root|debug|evil.example.com|verl-x"
+    names = (f"4211|alice|gpu|gpu[01-02,07]|verl-a\n{forged}\nevil[1-5000]\n"
+             f"4212|bob|gpu-long|node3|verl-b\x1e{forged}\u2028{forged}\n")
+    jobs = slurm_sd.parse_squeue("4211|alice|gpu|gpu[01-02,07]\n4212|bob|gpu-long|node3\n", names)
+    assert [(job.labels["slurm_job_id"], job.labels["slurm_user"], job.nodes) for job in jobs] == [
+        ("4211", "alice", "gpu[01-02,07]"), ("4212", "bob", "node3")]
+    assert jobs[0].labels["slurm_job_name"] == f"verl-a\n{forged}\nevil[1-5000]"
+    assert jobs[1].labels["slurm_job_name"] == f"verl-b\x1e{forged}\u2028{forged}"
 
 
 def test_node_lists_split_outside_brackets():
@@ -80,10 +99,11 @@ def test_target_groups_expand_nodes_once_per_list():
         {"targets": ["cpu1:9945", "gpu10:9945", "gpu11:9945"], "labels": labels("4213_5", "carol", "debug", "sweep")},
     ]
     assert discovery.target_groups() == expected
-    assert slurm.calls[0] == ["squeue", "--noheader", "--states=RUNNING", "--format=%i|%u|%P|%N|%j"]
-    assert [call[3] for call in slurm.calls[1:]] == ["gpu[01-02,07]", "gpu[10-11]"]  # no call for plain names
+    assert slurm.calls[:2] == [["squeue", "--noheader", "--states=RUNNING", "--format=%i|%u|%P|%N"],
+                               ["squeue", "--noheader", "--states=RUNNING", "--format=%i|%u|%P|%N|%j"]]
+    assert [call[3] for call in slurm.calls[2:]] == ["gpu[01-02,07]", "gpu[10-11]"]  # no call for plain names
     assert discovery.target_groups() == expected
-    assert len(slurm.calls) == 4  # the second round asked squeue only
+    assert len(slurm.calls) == 6  # the second round asked squeue only
 
 
 def test_a_node_shared_by_jobs_is_listed_once_with_its_oldest_job():
@@ -118,7 +138,7 @@ def test_answers_are_cached_and_a_failing_slurm_serves_the_last_good_one(caplog)
     first = targets.body()
     assert [group["labels"]["slurm_job_id"] for group in json.loads(first)] == ["4211", "4212", "4213_5"]
     now[0] += 4.9
-    assert targets.body() is first and len(slurm.calls) == 3  # within the TTL: Slurm not asked
+    assert targets.body() is first and len(slurm.calls) == 4  # within the TTL: Slurm not asked
     assert gzip.decompress(targets.body(compressed=True)) == first
     slurm.fail = SlurmError("squeue did not answer within 10s")
     now[0] += 0.2
@@ -157,7 +177,8 @@ def test_commands_that_fail_or_hang_raise_slurm_errors(tmp_path):
 def test_the_service_answers_json_and_health_and_survives_a_hanging_squeue(tmp_path):
     """The real command with a stand-in squeue: good, then hanging past --slurm.timeout."""
     squeue = tmp_path / "squeue"
-    squeue.write_text("#!/bin/sh\nif [ -e hang ]; then sleep 30; fi\necho '77|root|debug|vm|verl-job'\n")
+    squeue.write_text("#!/bin/sh\nif [ -e hang ]; then sleep 30; fi\n"
+                      "case \"$3\" in *%j) echo '77|root|debug|vm|verl-job' ;; *) echo '77|root|debug|vm' ;; esac\n")
     squeue.chmod(0o755)
     port = free_port()
     log = (tmp_path / "sd.log").open("wb")

@@ -43,8 +43,11 @@ log = logging.getLogger(__name__)
 TARGETS_PATH = "/targets"
 DEFAULT_LISTEN = ":9946"
 DEFAULT_EXPORTER_PORT = 9945
-# %i job id, %u user, %P partition, %N node list, %j name last: a name may hold the separator.
+# %i job id, %u user, %P partition, %N node list: nothing a job's owner writes, one line per job.
+# Then the same with %j, the name, last: a name may hold the separator, and line breaks, so it is
+# only read for the jobs of the first list, never as jobs of its own.
 SQUEUE_FIELDS = ("slurm_job_id", "slurm_user", "slurm_partition", "nodes", "slurm_job_name")
+SQUEUE_JOBS_FORMAT = "%i|%u|%P|%N"
 SQUEUE_FORMAT = "%i|%u|%P|%N|%j"
 JSON_TYPE = "application/json"
 
@@ -60,7 +63,8 @@ def run_command(argv: list[str], timeout: float) -> str:
     try:
         # its own process group: a site's wrapper script that hangs is killed with what it started
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, start_new_session=True)
+                                   encoding="utf-8", errors="replace", start_new_session=True)  # a name in
+        # another encoding is that job's name with U+FFFD in it, not every answer failing
     except OSError as exc:
         raise SlurmError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     try:
@@ -84,22 +88,37 @@ class Job:
     nodes: str  # Slurm's compressed node list, e.g. "gpu[01-04],cpu7"
 
 
-def parse_squeue(text: str) -> list[Job]:
-    """Jobs from ``squeue --noheader --format=SQUEUE_FORMAT`` output; lines that do not have the
-    five fields, or no node, are skipped with a warning."""
-    jobs = []
-    for line in text.splitlines():
+def parse_squeue(jobs_text: str, names_text: str) -> list[Job]:
+    """The jobs of ``squeue --noheader --format=SQUEUE_JOBS_FORMAT`` (``jobs_text``; lines without
+    the four fields or a node are skipped with a warning), each named from ``--format=SQUEUE_FORMAT``
+    (``names_text``). squeue ends its lines at ``\n`` only; a line of ``names_text`` starts a job's
+    name where it begins with that job's four fields, else it goes on the name before (a name that
+    holds a line break). A job that ``names_text`` does not name (it started in between) has an empty
+    name. So a name can forge no job, host or user."""
+    jobs: dict[str, Job] = {}
+    for line in jobs_text.split("\n"):
         if not line.strip():
             continue
-        values = line.split("|", len(SQUEUE_FIELDS) - 1)
-        if len(values) != len(SQUEUE_FIELDS) or not values[0].strip() or not values[3].strip():
-            log.warning("skipping an squeue line that is not %s: %r", SQUEUE_FORMAT, line[:200])
+        values = line.split("|")
+        if len(values) != len(SQUEUE_FIELDS) - 1 or not values[0].strip() or not values[3].strip():
+            log.warning("skipping an squeue line that is not %s: %r", SQUEUE_JOBS_FORMAT, line[:200])
             continue
-        fields = dict(zip(SQUEUE_FIELDS, values))
-        nodes = fields.pop("nodes").strip()
-        jobs.append(Job({name: value.strip() if name != "slurm_job_name" else value for name, value in fields.items()},
-                        nodes))
-    return jobs
+        if line + "|" in jobs:
+            continue
+        fields = dict(zip(SQUEUE_FIELDS, (value.strip() for value in values)))
+        nodes = fields.pop("nodes")
+        jobs[line + "|"] = Job({**fields, "slurm_job_name": ""}, nodes)
+    names: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in names_text.split("\n"):
+        prefix = "|".join(line.split("|", len(SQUEUE_FIELDS) - 1)[:-1]) + "|"
+        if prefix in jobs and prefix not in names:
+            current = names[prefix] = [line[len(prefix):]]
+        elif current is not None:
+            current.append(line)
+    for prefix, job in jobs.items():
+        job.labels["slurm_job_name"] = "\n".join(names.get(prefix, [""])).rstrip("\n")
+    return list(jobs.values())
 
 
 def split_node_list(nodes: str) -> list[str]:
@@ -141,8 +160,8 @@ class Discovery:
     def __post_init__(self) -> None:
         self._pattern = re.compile(self.job_match)
 
-    def squeue_argv(self) -> list[str]:
-        argv = [self.squeue, "--noheader", "--states=RUNNING", f"--format={SQUEUE_FORMAT}"]
+    def squeue_argv(self, fmt: str = SQUEUE_FORMAT) -> list[str]:
+        argv = [self.squeue, "--noheader", "--states=RUNNING", f"--format={fmt}"]
         if self.partitions:
             argv.append("--partition=" + ",".join(self.partitions))
         return argv
@@ -171,7 +190,9 @@ class Discovery:
         only; SlurmError if Slurm fails."""
         groups = []
         listed: set[str] = set()
-        for job in sorted(parse_squeue(self.run(self.squeue_argv(), self.timeout)), key=_age):
+        jobs = self.run(self.squeue_argv(SQUEUE_JOBS_FORMAT), self.timeout)
+        named = self.run(self.squeue_argv(), self.timeout)
+        for job in sorted(parse_squeue(jobs, named), key=_age):
             if not self._pattern.fullmatch(job.labels["slurm_job_name"]):
                 continue
             if self.partitions and job.labels["slurm_partition"] not in self.partitions:
