@@ -356,7 +356,8 @@ class Exporter:
                              stall_after=options.forensics_stall_after,
                              interval=options.forensics_check_interval,
                              directory=options.forensics_dir, retention=options.forensics_retention,
-                             open_files=self.open_files)
+                             open_files=self.open_files,
+                             pids_of_run=self.slurm.pids_of if self.slurm is not None else None)
         except OSError as exc:
             raise OptionsError(f"--forensics.dir {options.forensics_dir}: {exc.strerror or exc}") from None
 

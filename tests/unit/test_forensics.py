@@ -577,3 +577,26 @@ def test_a_checkpoint_save_under_way_is_no_stall_up_to_the_rules_ceiling():
     clock.now += watch.save_ceiling
     [stall] = watch.check()  # past the ceiling it is one
     assert stall.kind == "no_step" and "since step 19" in stall.why
+
+
+def test_under_slurm_a_runs_evidence_holds_its_own_jobs_stacks_only(tmp_path, monkeypatch):
+    """Two jobs on the node: the stalled run's evidence dumps its job's processes, never the other
+    job's (its command line may hold a secret)."""
+    clock = Clock()
+    store = make_store(clock)
+    other = RunKey("root", "secret-job")
+    for run in (RUN, other):
+        step(store, clock, 1, 10.0, run=run, source=str(tmp_path / f"{run.experiment}.log"))
+    processes = [fake_process(11, "python train.py"), fake_process(22, "python serve.py --api-key=hunter2")]
+    dumped = []
+    run = fake_py_spy({11: (0, "Thread 11 (idle)\n    train (train.py:1)\n", ""),
+                       22: (0, "Thread 22 (idle)\n    serve (serve.py:9)\n", "")})
+    monkeypatch.setattr(stacks.subprocess, "run", lambda argv, **kw: dumped.append(int(argv[3])) or run(argv, **kw))
+    forensics = Forensics(store, job=FakeJob(processes), node_runs=lambda: [(RUN.project, RUN.experiment)],
+                          stall_after=60, clock=clock, py_spy=lambda: "/bin/py-spy",
+                          pids_of_run=lambda key: {11} if key == RUN else {22})
+    clock.now += 61
+    assert RUN in {s.run for s in forensics.check()}
+    text = forensics.evidence(RUN.project, RUN.experiment)
+    assert "train.py" in text and "hunter2" not in text and "serve.py" not in text
+    assert 22 not in dumped

@@ -44,7 +44,8 @@ class Forensics:
                  ready: Callable[[], bool] = lambda: True, stall_after: float = 600.0, interval: float = 15.0,
                  directory: str | None = None, retention: int = 50, max_bytes: int = MAX_BYTES,
                  clock: Callable[[], float] = time.time, py_spy: Callable[[], str | None] = find_py_spy,
-                 open_files: OpenFiles = OPEN_FILES):
+                 open_files: OpenFiles = OPEN_FILES,
+                 pids_of_run: Callable[[RunKey], set[int]] | None = None):
         self.watch = StallWatch(store, stall_after=stall_after, clock=clock)
         self.archive = EvidenceArchive(directory, retention=retention, max_bytes=max_bytes)
         self.job = job if job is not None and job.configured else None
@@ -56,6 +57,9 @@ class Forensics:
         self.clock = clock
         self.py_spy = py_spy
         self.open_files = open_files  # the followers' files: the log tails read those only
+        # Under --slurm, the processes of the run's own job (the node runs other users' jobs too): a
+        # run's evidence holds its job's stacks and GPUs only, never another job's command lines.
+        self.pids_of_run = pids_of_run
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,7 +89,7 @@ class Forensics:
             text = self.capture(stall, round_, now)
             path = self.archive.put(stall.run, text, now)
             ours = (stall.run.project, stall.run.experiment) in mine.get()
-            self._remember(stall.run, now, (top_frame(round_.stacks()) if ours else None) or "")
+            self._remember(stall.run, now, (top_frame(round_.stacks(stall.run)) if ours else None) or "")
             query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment})
             log.warning("run %s/%s: %s; evidence at /debug/evidence?%s%s", stall.run.project, stall.run.experiment,
                         stall.why, query, f" and {path}" if path else "")
@@ -95,8 +99,8 @@ class Forensics:
         state = self.watch.state(stall.run)
         ours = (stall.run.project, stall.run.experiment) in round_.mine.get()
         tails = [read_tail(path, inode=self.open_files.inode(path)) for path in stall.sources]
-        return render(stall, state, now=now, stacks=round_.stacks() if ours else NOT_THIS_NODE + "\n",
-                      gpus=round_.gpus() if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,
+        return render(stall, state, now=now, stacks=round_.stacks(stall.run) if ours else NOT_THIS_NODE + "\n",
+                      gpus=round_.gpus(stall.run) if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,
                       version=__version__, max_bytes=self.max_bytes)
 
     def _remember(self, run: RunKey, moment: float, frame: str) -> None:
@@ -128,22 +132,37 @@ class _Lazy:
 
 
 class _Round:
-    """What one check captures once for all its runs: the job's stacks and its GPUs."""
+    """What one check captures once for all its runs: the job's stacks and its GPUs (per job, under
+    --slurm: those of each run's own job)."""
 
     def __init__(self, forensics: Forensics, mine: _Lazy):
         self.forensics, self.mine = forensics, mine
         self._processes = _Lazy(lambda: forensics.job.processes() if forensics.job is not None else None)
-        self.stacks = _Lazy(self._stacks).get
-        self.gpus = _Lazy(self._gpus).get
+        self._stacks: dict[frozenset | None, str] = {}
+        self._gpus: dict[frozenset | None, str] = {}
 
-    def _stacks(self) -> str:
+    def _of(self, run: RunKey) -> tuple[frozenset | None, list | None]:
+        """The processes of ``run``'s job (all the job's, without --slurm), and their pids as a key."""
         processes = self._processes.get()
         if processes is None:
-            return "no --job.pid or --job.match: the exporter does not know the job's processes\n"
-        return dump_job(processes, py_spy=self.forensics.py_spy())
+            return None, None
+        if self.forensics.pids_of_run is not None:
+            own = self.forensics.pids_of_run(run)
+            processes = [process for process in processes if process.pid in own]
+        return frozenset(process.pid for process in processes), processes
 
-    def _gpus(self) -> str:
+    def stacks(self, run: RunKey) -> str:
+        key, processes = self._of(run)
+        if processes is None:
+            return "no --job.pid or --job.match: the exporter does not know the job's processes\n"
+        if key not in self._stacks:
+            self._stacks[key] = dump_job(processes, py_spy=self.forensics.py_spy())
+        return self._stacks[key]
+
+    def gpus(self, run: RunKey) -> str:
         if self.forensics.gpu is None:
             return "GPU collector off (--no-collector.gpu)\n"
-        processes = self._processes.get()
-        return describe_gpus(self.forensics.gpu, None if processes is None else {p.pid for p in processes})
+        key, _ = self._of(run)
+        if key not in self._gpus:
+            self._gpus[key] = describe_gpus(self.forensics.gpu, None if key is None else set(key))
+        return self._gpus[key]

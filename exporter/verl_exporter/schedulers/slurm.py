@@ -165,6 +165,16 @@ class SlurmWatcher:
         with self._lock:
             return {pid for followed in self.jobs.values() for pid in followed.local.pids}
 
+    def pids_of(self, run: RunKey) -> set[int]:
+        """The processes on this node of the jobs that hold ``run`` (for its evidence: no other job's)."""
+        with self._lock:
+            followed = list(self.jobs.values())
+        pids: set[int] = set()
+        for item in followed:
+            if run in item.runs or any(run in source.runs() for source in item.sources):
+                pids |= set(item.local.pids)
+        return pids
+
     def node_runs(self) -> set[tuple[str, str]]:
         """The runs of the jobs with a live process on this node (for ``verl_node_run_info``)."""
         return {(row.project, row.experiment) for row in self.rows() if row.running}
