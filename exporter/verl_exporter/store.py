@@ -289,9 +289,9 @@ class RunStore:
         ``OWNER_HANDOVER_SECONDS`` (a resumed job's new log takes over), or it is the run's config
         (settings and length) from the first config file that describes the run (hydra writes
         ``.hydra/config.yaml`` apart from the log), while the run's own log printed none: another
-        log's config print never describes, lengthens or finishes the run. Otherwise a file in a shared folder could name
-        itself another team's run and step or finish it: refused, counted (``values_dropped``,
-        reason other_source) and logged once per source."""
+        log's config print never describes, lengthens or finishes the run. Otherwise a file in a
+        shared folder could name itself another team's run and step or finish it: refused, counted
+        (``values_dropped``, reason other_source) and logged once per source."""
         source, owner = record.source, state.owner
         if not owner or source == owner:
             state.owner, state.owner_at = source, max(state.owner_at, record.time)

@@ -10,9 +10,9 @@ import os
 import subprocess
 
 import pytest
+from test_slurm_sd_e2e import start_slurm_sd
 
 from servers import wait_until
-from test_slurm_sd_e2e import start_slurm_sd
 
 FORGED = "99999|root|debug|evil.example.com|verl-x"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="submitting jobs as another user takes root")
