@@ -391,7 +391,8 @@ class Exporter:
         if not self.ingestor.sources and self.options.collector_training and self.slurm is None:
             log.warning("no --source given: serving GPU and host metrics only")
         self.server, _ = serve(address, self.exposition, self.options.web_telemetry_path, ready=self.ready,
-                               web=self.web, evidence=self.forensics.evidence if self.forensics is not None else None)
+                               web=self.web, evidence=self.forensics.evidence if self.forensics is not None else None,
+                               evidence_remote=self.options.forensics_remote)
         host, port = self.server.server_address[:2]
         log.info("listening on %s:%s%s (%s)", host, port, self.options.web_telemetry_path, self.web.describe())
         if self.ingestor.sources:

@@ -58,7 +58,7 @@ class Listener(Protocol):
     connections: dict[Connection, None]
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str) -> tuple[int, bytes, list]: ...
+                     target: str, client: str = "") -> tuple[int, bytes, list]: ...
 
     def pin(self, connection: Connection, body: bytes) -> None: ...
 
@@ -187,7 +187,7 @@ class Connection:
             self._disarm()
             method = request.method.decode("ascii", "replace")
             target = request_path(request.target)
-            status, body, headers = await self.server.answer(self.web, request, method, target)
+            status, body, headers = await self.server.answer(self.web, request, method, target, self.client)
             if not complete:  # the rest of a body too large to skip: this connection serves no more
                 headers = [*headers, ("Connection", "close")]
             log.debug("%s \"%s %s HTTP/%s\" %d %d", self.client, printable(method), printable(target),

@@ -164,6 +164,7 @@ class ConnectionServer:
                 del self.pinned[id(body)]
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str) -> tuple[int, bytes, list]:
-        """The status, body and headers that answer ``request`` (``web``: the connection's web config)."""
+                     target: str, client: str = "") -> tuple[int, bytes, list]:
+        """The status, body and headers that answer ``request`` (``web``: the connection's web config;
+        ``client``: the address it came from)."""
         raise NotImplementedError

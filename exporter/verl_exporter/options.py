@@ -170,6 +170,9 @@ class Options:
         "only)")
     forensics_retention: int = _option(
         "forensics.retention", COUNT, 50, "evidence files kept in --forensics.dir: the newest N")
+    forensics_remote: bool = _option(
+        "forensics.remote", SWITCH, False, "serve /debug/evidence (log lines, command lines, stacks) to clients "
+        "other than this host's loopback without basic auth; off: they need basic auth (--web.config.file)")
     simulate: str | None = _option(
         "simulate", Text("SCENARIO"), None, "also write a simulated verl run with this scenario and follow it")
     simulate_format: str = _option(

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import binascii
 import functools
+import ipaddress
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,9 @@ class ExporterHTTPServer(ConnectionServer):
         self.telemetry_path = telemetry_path
         self.ready = ready
         self.evidence = evidence  # (project, experiment) -> the run's evidence text, None if none; None: off
+        # Without basic auth, the evidence (log lines, command lines, stacks) goes to this host's own
+        # clients only, unless --forensics.remote says anyone who reaches the port may read it.
+        self.evidence_remote = False
         super().__init__(address, web or WebConfig(), HEADER_TIMEOUT, WRITE_TIMEOUT)
         self.render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="http-render")
         self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="http-auth")
@@ -88,14 +92,14 @@ class ExporterHTTPServer(ConnectionServer):
         self.auth_pool.shutdown(wait=False, cancel_futures=True)
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str) -> tuple[int, bytes, list]:
-        status, body, content_type, extra = await self._route(web, request, method, target)
+                     target: str, client: str = "") -> tuple[int, bytes, list]:
+        status, body, content_type, extra = await self._route(web, request, method, target, client)
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra,
                    *web.headers.items()]
         return status, body, headers
 
     async def _route(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str) -> tuple[int, bytes, str, list]:
+                     target: str, client: str = "") -> tuple[int, bytes, str, list]:
         plain = "text/plain; charset=utf-8"
         if request.http_version not in (b"1.0", b"1.1"):
             return 505, b"HTTP version not supported\n", plain, []
@@ -118,6 +122,8 @@ class ExporterHTTPServer(ConnectionServer):
                 return 200, b"OK\n", plain, []
             return 503, b"not ready: still reading the sources' existing lines\n", plain, []
         if path == EVIDENCE_PATH:
+            if not (web.authenticates or self.evidence_remote or _loopback(client)):
+                return 403, EVIDENCE_LOCAL_ONLY, plain, []
             return await self._evidence(query)
         if path == "/":
             return 200, _landing_page(self.telemetry_path), "text/html; charset=utf-8", []
@@ -175,6 +181,22 @@ class ExporterHTTPServer(ConnectionServer):
                          "has not seen this run stall (or does not follow it)\n").encode("utf-8", "replace"), plain, []
         return 200, text.encode("utf-8", "replace"), plain, [("Cache-Control", "no-store")]
 
+EVIDENCE_LOCAL_ONLY = (b"the evidence holds log lines, command lines and stacks: without basic auth it is "
+                       b"served to this host's loopback clients only; set basic_auth_users (or a verified client "
+                       b"certificate) in --web.config.file, or --forensics.remote to serve it to anyone who "
+                       b"reaches this port\n")
+
+
+def _loopback(client: str) -> bool:
+    """Whether ``client`` (an address as accepted) is this host's loopback."""
+    try:
+        address = ipaddress.ip_address(client.strip("[]").partition("%")[0])
+    except ValueError:
+        return client == ""  # a Unix socket (no address): this host
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def _headers(request: h11.Request) -> dict[str, str]:
     """The request's headers by lower-case name (the first of repeated ones)."""
     headers: dict[str, str] = {}
@@ -202,10 +224,13 @@ def _landing_page(path: str) -> bytes:
 def serve(address: tuple[str, int], exposition: Exposition, telemetry_path: str = "/metrics",
           ready: Callable[[], bool] = lambda: True,
           web: WebConfig | None = None,
-          evidence: Callable[[str, str], str | None] | None = None) -> tuple[ExporterHTTPServer, threading.Thread]:
+          evidence: Callable[[str, str], str | None] | None = None,
+          evidence_remote: bool = False) -> tuple[ExporterHTTPServer, threading.Thread]:
     """Bind (OSError if the port is taken) and serve ``exposition`` in a daemon thread;
-    ``evidence`` answers /debug/evidence (forensics)."""
+    ``evidence`` answers /debug/evidence (forensics): to loopback clients, to authenticated ones
+    (basic auth), or, with ``evidence_remote``, to any."""
     server = ExporterHTTPServer(address, exposition, telemetry_path, ready, web, evidence)
+    server.evidence_remote = evidence_remote
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     return server, thread

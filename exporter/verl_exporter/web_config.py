@@ -125,6 +125,11 @@ class WebConfig:
         self._cache.adopt(before._cache, {user for user, hashed in self.users.items()
                                           if before.users.get(user) == hashed})
 
+    @property
+    def authenticates(self) -> bool:
+        """Whether every request is authenticated: basic auth, or a verified client certificate."""
+        return bool(self.users) or (self.tls_context is not None and self.tls_context.verify_mode == ssl.CERT_REQUIRED)
+
     def cached_password(self, user: str, password: str) -> bool | None:
         """What :meth:`check_password` would answer without running bcrypt: True or False when
         this pair was checked before, None when it needs bcrypt."""

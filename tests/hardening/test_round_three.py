@@ -292,3 +292,53 @@ def test_a_head_past_16_kib_sent_in_one_write_is_refused(size):
     finally:
         http.shutdown()
         http.server_close()
+
+
+# --- the evidence without auth: this host's clients only ------------------------------------------
+
+def _evidence_server(**kwargs):
+    http, _ = server_module.serve(("0.0.0.0", 0), Exposition([]), evidence=lambda p, e: "evidence: secret\n",
+                                  **kwargs)
+    return http, http.server_address[1]
+
+
+def _outside_address() -> str | None:
+    """An address of this host that is not loopback, to come from as another machine would."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_the_evidence_without_auth_is_served_to_loopback_only():
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this host has no address but loopback to come from")
+    http, port = _evidence_server()
+    try:
+        query = "/debug/evidence?project=p&experiment=e"
+        assert http_get(f"http://127.0.0.1:{port}{query}")[0] == 200
+        status, body = http_get(f"http://{outside}:{port}{query}")
+        assert status == 403 and "basic_auth_users" in body and "secret" not in body
+        assert http_get(f"http://{outside}:{port}/metrics")[0] == 200  # scrapes from anywhere, as before
+    finally:
+        http.shutdown()
+        http.server_close()
+    http, port = _evidence_server(evidence_remote=True)
+    try:
+        assert http_get(f"http://{outside}:{port}/debug/evidence?project=p&experiment=e")[0] == 200
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def test_the_slurm_unit_leaves_the_evidence_to_loopback_and_compose_publishes_on_loopback():
+    unit = (REPO / "deploy" / "systemd" / "verl-exporter-slurm.service").read_text()
+    assert "--forensics.remote" not in unit.split("ExecStart=", 1)[1].split("\n", 1)[0]
+    compose = (REPO / "docker-compose.yml").read_text()
+    assert "--forensics.remote" in compose and "- 127.0.0.1:9945:9945" in compose
