@@ -18,6 +18,7 @@ import re
 import ssl
 import threading
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ class _AuthCache:
                 dropped, _ = items.popitem(last=False)
                 self._verified_by.pop(dropped, None)
 
-    def adopt(self, other: "_AuthCache", users: set[str]) -> None:
+    def adopt(self, other: "_AuthCache", users: Container[str]) -> None:
         """The pairs ``other`` verified for ``users``."""
         with other._lock:
             kept = [(key, other._verified_by.get(key, "")) for key in other._items[True]]
