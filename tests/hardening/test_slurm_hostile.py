@@ -203,3 +203,22 @@ def test_environment_values_and_gpu_lists_are_bounded(tmp_path):
 def test_a_resolved_output_path_can_be_long_only_as_a_path_can():
     job = SlurmJob.parse(scontrol_line(name="n" * 1024, stdout="/r/" + "%x" * 2000))
     assert job.output_files() == []
+
+
+@as_root
+def test_a_real_job_without_a_root_process_is_asked_about_in_the_first_look(node):
+    """No slurmstepd in the job's cgroup to vouch for it (proctrack without cgroups): the user's
+    job still comes before a thousand ids another user's processes made up (one ask per user in
+    turn), not a hundred looks later."""
+    cluster, store, watcher = node
+    intruder, alice = os.getuid() + 4242, os.getuid() + 4243
+    for pid in range(2000, 3000):
+        fake_process(cluster.proc, pid, {"SLURM_JOB_ID": str(pid * 7)})
+    run_as(cluster, range(2000, 3000), intruder)
+    log = cluster.runs / "grpo-qwen-42.out"
+    write_log(log, steps=2, total=5)
+    os.chown(log, alice, -1)
+    cluster.start("42", pids=(5000,), user=f"alice({alice})")
+    run_as(cluster, (5000,), alice)
+    watcher.refresh()
+    assert "42" in watcher.jobs

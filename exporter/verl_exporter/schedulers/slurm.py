@@ -40,6 +40,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from itertools import zip_longest
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -63,6 +64,22 @@ MAX_WAIT = 32
 # Each job's files are read on a thread of its own: one that hangs (a user's FUSE mount, a dead NFS
 # server) stops only that job's reading, and is waited for at most this long when the job ends.
 READ_STOP_TIMEOUT = 5.0
+
+
+def _fair(asks: list[str], local: dict[str, LocalJob], unanswered: dict[str, tuple[int, int]]) -> list[str]:
+    """The ids to ask Slurm about, in turn: ids with a root process first (slurmstepd, the prolog: no
+    user can make one claim an id), then one id of each user in turn, each user's least missed
+    first. A user whose processes claim a thousand made-up ids delays another user's job by one
+    ask per round, not by a thousand."""
+    rooted = sorted((job_id for job_id in asks if 0 in local[job_id].uids),
+                    key=lambda job_id: unanswered.get(job_id, (0, 0))[1])
+    by_user: dict[tuple[int | None, ...], list[str]] = {}
+    for job_id in sorted((job_id for job_id in asks if 0 not in local[job_id].uids),
+                         key=lambda job_id: unanswered.get(job_id, (0, 0))[1]):
+        by_user.setdefault(tuple(sorted(local[job_id].uids, key=lambda uid: -1 if uid is None else uid)),
+                           []).append(job_id)
+    turns = [job_id for queue in zip_longest(*by_user.values()) for job_id in queue if job_id is not None]
+    return rooted + turns
 
 
 # -- following the jobs --------------------------------------------------------------------------
@@ -255,9 +272,7 @@ class SlurmWatcher:
                 continue  # a straggler of a job already ended (an epilog, a process being reaped)
             if self._unanswered.get(job_id, (0, 0))[0] <= self._looks:
                 asks.append(job_id)
-        # Ids with a root process first (slurmstepd, the prolog: no user can make one claim an id).
-        asks.sort(key=lambda job_id: (0 not in local[job_id].uids, self._unanswered.get(job_id, (0, 0))[1]))
-        for job_id in asks[:MAX_ASKS]:
+        for job_id in _fair(asks, local, self._unanswered)[:MAX_ASKS]:
             new = self._follow(job_id, local[job_id])
             if new is not None:
                 added.append(new)
