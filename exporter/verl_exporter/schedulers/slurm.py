@@ -40,8 +40,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from itertools import zip_longest
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Callable, Iterable, Sequence
 
 from ..collectors.job_info import JobEnd, JobRun
