@@ -54,8 +54,11 @@ class SeriesNames:
         owner = self._owners.get(series_key)
         if owner is None and len(self._owners) < MAX_NAME_OWNERS:
             self._owners[series_key] = resolved.spec.key
-        elif owner != resolved.spec.key and (owner is not None or not resolved.spec.known):
+        elif owner is not None and owner != resolved.spec.key:
             series_key, resolved = self._own_name(key, resolved)
+        # Past MAX_NAME_OWNERS a name nobody took keeps its plain name, unremembered: the names
+        # dashboards and rules read do not change; only a clash between two keys met after that
+        # (``a:b`` and ``a/b``) is no longer told apart.
         entry = (series_key, resolved, resolved.spec.scale)
         if len(self._entries) < 100_000:
             self._entries[key] = entry

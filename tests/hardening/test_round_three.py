@@ -342,3 +342,20 @@ def test_the_slurm_unit_leaves_the_evidence_to_loopback_and_compose_publishes_on
     assert "--forensics.remote" not in unit.split("ExecStart=", 1)[1].split("\n", 1)[0]
     compose = (REPO / "docker-compose.yml").read_text()
     assert "--forensics.remote" in compose and "- 127.0.0.1:9945:9945" in compose
+
+
+# --- L9: past the cap of remembered names ---------------------------------------------------------
+
+def test_past_the_cap_of_remembered_names_new_keys_keep_their_plain_names(monkeypatch):
+    from verl_exporter import series_names
+    from verl_exporter.catalog import default_catalog
+
+    monkeypatch.setattr(series_names, "MAX_NAME_OWNERS", 10)
+    names = series_names.SeriesNames(default_catalog())
+    served = [names._entry(f"custom/metric{index}")[0][0] for index in range(30)]
+    assert served == [f"verl_custom_metric{index}" for index in range(30)]
+    assert names._entry("actor/pg_loss")[0][0] == "verl_actor_pg_loss"
+    # Below the cap, two keys of one name still get a name each.
+    fresh = series_names.SeriesNames(default_catalog())
+    first, second = fresh._entry("custom/a:b")[0][0], fresh._entry("custom/a/b")[0][0]
+    assert first == "verl_custom_a_b" and second.startswith("verl_custom_a_b_")
