@@ -359,3 +359,25 @@ def test_past_the_cap_of_remembered_names_new_keys_keep_their_plain_names(monkey
     fresh = series_names.SeriesNames(default_catalog())
     first, second = fresh._entry("custom/a:b")[0][0], fresh._entry("custom/a/b")[0][0]
     assert first == "verl_custom_a_b" and second.startswith("verl_custom_a_b_")
+
+
+# --- M4: which file owns a run after a restart ----------------------------------------------------
+
+def test_after_a_restart_the_file_that_named_the_run_first_still_owns_it(tmp_path):
+    from verl_exporter.catalog import default_catalog
+    from verl_exporter.sources.birth_time import birth_time
+    from verl_exporter.store import RunStore
+
+    victim = tmp_path / "z-victim.log"
+    victim.write_text(_config_print(100, 1e-6) + "".join(f"step:{step} - actor/pg_loss:0.1\n" for step in range(1, 51)))
+    time.sleep(0.05)
+    attacker = tmp_path / "a-attacker.log"  # read first by name
+    attacker.write_text(_config_print(100, 1e-6) + "step:1000 - actor/pg_loss:666\n")
+    os.utime(attacker, (1, 1))  # and claims, by its modification time, to be older
+    if birth_time(str(victim)) is None:
+        pytest.skip("this file system keeps no birth time")
+    store = RunStore(default_catalog())
+    Source(str(tmp_path / "*.log"), store).settle()  # a restarted exporter reads both at once
+    [state] = store.snapshot().runs
+    assert state.last_step == 50 and state.values["actor/pg_loss"] == 0.1
+    assert store.snapshot().values_dropped.get((str(attacker), "other_source"))

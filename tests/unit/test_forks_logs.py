@@ -99,9 +99,10 @@ def test_a_jobs_stdout_and_stderr_are_one_job(stdout, stderr):
     assert job_of(f"/logs/a/{stdout}") == job_of(f"/logs/a/{stderr}") != job_of(f"/logs/b/{stderr}")
 
 
-@pytest.mark.parametrize("one, other", [("X.log", "Y.err"), ("checkout.log", "check.err"), ("run.log", "run2.err")])
+@pytest.mark.parametrize("one, other", [("X.log", "Y.err"), ("checkout.log", "check.err"), ("run.log", "run2.err"),
+                                        ("e.jsonl", "e.log"), ("e.jsonl", "e.err"), ("e", "e.err")])
 def test_other_names_are_other_jobs(one, other):
-    assert job_stem(one) != job_stem(other)
+    assert job_of(f"/logs/{one}") != job_of(f"/logs/{other}")
 
 
 def write_job(folder, stdout_text: str, stderr_text: str, stdout="job.out", stderr="job.err"):

@@ -80,7 +80,8 @@ def run_for(path: str, project: str | None = None, experiment: str | None = None
     (the experiment is the name's job stem: ``X`` for ``X.log`` and ``X.stderr.log`` alike)."""
     path = display_path(path)
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    stem = job_stem(os.path.basename(path))
+    name = os.path.basename(path)
+    stem = job_stem(name) or os.path.splitext(name)[0]
     return RunKey(clean_text(project or parent or "default"), clean_text(experiment or stem or "default"))
 
 

@@ -15,7 +15,8 @@ stdout                                      stderr
 ==========================================  ================
 
 The files of one job feed one run: the run named in either (verl's config print, usually in
-stdout), else the path's (``<folder>/<X>``). Any other file that names the run is another job's and
+stdout), else the path's (``<folder>/<X>``; ``<folder>/stdout`` for ``stdout.log``). A file of no
+stream (``X.jsonl``) is a job of its own. Any other file that names the run is another job's and
 cannot feed it (``RunStore``'s rule).
 """
 
@@ -29,25 +30,26 @@ _STREAM_FILE = re.compile(r"\A(?:std(?:out|err))\Z")
 _LOG_EXTENSIONS = (".log", ".txt")
 
 
-def job_stem(name: str) -> str:
+def job_stem(name: str) -> str | None:
     """A file's name without its extension and stream part: ``X`` for ``X.err``, ``X.stderr.log``,
-    ``X.log``; "" for ``stderr.log``."""
+    ``X.log``; ``stdout`` for ``stderr.log``. None for a file that is no stream of a job's output
+    (``X.jsonl``: a metrics file, never paired)."""
     stem = name
     for extension in _LOG_EXTENSIONS:
         if stem.endswith(extension):
             stem = stem[: -len(extension)]
             break
     if _STREAM_FILE.match(stem):
-        return ""
+        return "stdout"
     stream = _STREAM.search(stem)
     if stream is not None and stream.start() > 0:
         return stem[: stream.start()]
-    if stem == name:  # no log extension and no stream part: the usual extension goes
-        return os.path.splitext(name)[0]
-    return stem
+    return stem if stem != name else None
 
 
 def job_of(path: str) -> str:
-    """The job ``path`` belongs to: its folder and its name's job stem."""
+    """The job ``path`` belongs to: its folder and its name's job stem (the path itself for a file
+    that is no stream of a job's output)."""
     folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, job_stem(name))
+    stem = job_stem(name)
+    return os.path.join(folder, name if stem is None else stem + "\0")

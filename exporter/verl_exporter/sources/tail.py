@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import stat
 from collections.abc import Iterator
 from itertools import chain, repeat
 
 from verl_exporter.records import display_path
+from verl_exporter.sources.birth_time import birth_time
 from verl_exporter.sources.globs import MAX_GLOB_DIRS, MAX_MATCHES, expand, is_literal
 from verl_exporter.sources.open_files import OPEN_FILE_FLAGS, OPEN_FILES, FileHandle, OpenFiles, close_handle
 
@@ -64,6 +66,7 @@ class FileFollower:
         self.oversize_lines = 0  # total dropped since start
         self._oversize: list[tuple[str, int]] = []
         self._handles: dict[str, FileHandle] = {}
+        self._born: dict[str, float] = {}  # path -> its birth time (inf where unknown), for the order of reading
         self._warned: set[str] = set()
         self._matched: bool | None = None  # whether the glob matched anything at its last poll
         self._capped = False
@@ -93,7 +96,7 @@ class FileFollower:
         self._behind = False
         status: dict[str, str | None] = {}
         inodes = {handle.inode: path for path, handle in self._handles.items()}
-        for path in sorted(set(self._matching()) | set(self._handles)):
+        for path in self._in_order(set(self._matching()) | set(self._handles)):
             if path not in self._handles and self._same_file(path, inodes):
                 continue
             out: list[tuple[str, str]] = []
@@ -113,6 +116,18 @@ class FileFollower:
         self._set_status(status)
         self.behind = self._behind
         self.caught_up = self.caught_up or not self._behind
+
+    def _in_order(self, paths: set[str]) -> list[str]:
+        """The paths, oldest file first (by birth time, which no user can set; then by name): of two
+        files that name one run, the one that named it first is read first after a restart too,
+        whatever their names."""
+        born = {path: self._born.get(path) for path in paths}
+        for path, when in born.items():
+            if when is None:
+                found = birth_time(path)
+                born[path] = math.inf if found is None else found
+        self._born = born  # type: ignore[assignment]  # every value is a float now
+        return sorted(paths, key=lambda path: (born[path], path))
 
     def _set_status(self, status: dict[str, str | None]) -> None:
         for path, reason in status.items():
