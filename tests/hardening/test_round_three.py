@@ -381,3 +381,16 @@ def test_after_a_restart_the_file_that_named_the_run_first_still_owns_it(tmp_pat
     [state] = store.snapshot().runs
     assert state.last_step == 50 and state.values["actor/pg_loss"] == 0.1
     assert store.snapshot().values_dropped.get((str(attacker), "other_source"))
+
+
+# --- L2: decoy stalls ------------------------------------------------------------------------------
+
+def test_one_users_decoy_stalls_cannot_push_another_users_evidence_out():
+    archive = EvidenceArchive()
+    real = RunKey("team", "real-run")
+    archive.put(real, "the real stall\n", 1.0, owner=1000)
+    for index in range(60):
+        archive.put(RunKey("decoy", f"run{index}"), "decoy\n", 2.0 + index, owner=65534)
+    assert archive.get(real) == "the real stall\n"
+    kept = [run for run in archive.runs() if run.project == "decoy"]
+    assert len(kept) == 8 and RunKey("decoy", "run59") in kept  # the decoys' newest

@@ -30,6 +30,7 @@ from .report import MAX_BYTES, run_line
 
 log = logging.getLogger(__name__)
 MAX_RUNS = 32
+MAX_RUNS_PER_OWNER = 8  # of those, the runs whose logs one user owns: decoy stalls cannot push the others out
 NAME_CHARS = 48
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _FILE = re.compile(r"^evidence-(\d{8}T\d{6})\.\d{6}Z-.*-[0-9a-f]{12}\.txt$")
@@ -61,13 +62,16 @@ class EvidenceArchive:
         self.max_runs = max_runs
         self.max_bytes = max_bytes
         self._latest: OrderedDict[RunKey, str] = OrderedDict()
+        self._owner: dict[RunKey, int | None] = {}  # the uid owning the run's log, where known
         self._lock = threading.Lock()
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)  # OSError: the caller says why
 
-    def put(self, run: RunKey, text: str, moment: float) -> str | None:
+    def put(self, run: RunKey, text: str, moment: float, owner: int | None = None) -> str | None:
         """Keep ``text`` as the run's latest evidence; the file written, if any. The file is written
-        first, so that evidence that can be read has its file too."""
+        first, so that evidence that can be read has its file too. ``owner``: the uid owning the
+        run's log; one owner's runs hold at most MAX_RUNS_PER_OWNER of the places in memory (its
+        oldest capture goes first), so one user's decoy stalls cannot push other users' out."""
         path = None
         if self.directory is not None:
             try:
@@ -76,9 +80,16 @@ class EvidenceArchive:
                 log.warning("cannot write evidence to %s: %s (kept in memory)", self.directory, exc.strerror or exc)
         with self._lock:
             self._latest.pop(run, None)
+            if owner is not None:
+                same = [key for key in self._latest if self._owner.get(key) == owner]
+                for key in same[:max(0, len(same) - MAX_RUNS_PER_OWNER + 1)]:
+                    del self._latest[key]
+                    self._owner.pop(key, None)
             self._latest[run] = text
+            self._owner[run] = owner
             while len(self._latest) > self.max_runs:
-                self._latest.popitem(last=False)
+                key, _ = self._latest.popitem(last=False)
+                self._owner.pop(key, None)
         return path
 
     def get(self, run: RunKey) -> str | None:

@@ -13,6 +13,7 @@ the evidence of other runs (a shared log directory) holds their logs and errors 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -87,7 +88,7 @@ class Forensics:
         for stall in stalls:
             now = self.clock()
             text = self.capture(stall, round_, now)
-            path = self.archive.put(stall.run, text, now)
+            path = self.archive.put(stall.run, text, now, owner=_owner(stall.sources))
             ours = (stall.run.project, stall.run.experiment) in mine.get()
             self._remember(stall.run, now, (top_frame(round_.stacks(stall.run)) if ours else None) or "")
             query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment})
@@ -119,6 +120,16 @@ class Forensics:
             except Exception:  # the thread must go on; the next check tries again
                 log.exception("checking the runs for stalls failed")
             self._stop.wait(self.interval)
+
+
+def _owner(sources: list[str]) -> int | None:
+    """The uid owning the run's latest log file, where it can be seen."""
+    for path in sources:
+        try:
+            return os.lstat(path).st_uid
+        except OSError:
+            continue
+    return None
 
 
 class _Lazy:
