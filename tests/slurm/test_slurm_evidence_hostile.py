@@ -11,9 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from test_slurm_sd_hostile import let_others_in, running
 
 from servers import Server, free_port, wait_until
-from test_slurm_sd_hostile import let_others_in, running
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else (shutil.which("python3") or "python3")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="submitting jobs as another user takes root")
