@@ -36,9 +36,10 @@ def test_a_crash_only_in_the_jobs_stderr_pages_for_the_run_its_stdout_names(tmp_
         text = wait_until(lambda: (t := exporter.get("/metrics")[1]) and sample_value(
             t, "verl_training_fatal_error_last_step", kind="cuda_oom", **run) == 0 and t, message="the fatal end")
         check_metrics(text)
+        target = {"targets": [f"127.0.0.1:{exporter.port}"]}
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "rule_files": [path.name for path in shipped.alert_rule_files()],
-                  "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}]}
+                  "scrape_configs": [{"job_name": "verl", "static_configs": [target]}]}
         with start_prometheus(tmp_path, config, rule_files=shipped.alert_rule_files()) as prometheus:
             firing = wait_until(lambda: {sample["metric"]["alertname"] for sample in prom_query(
                 prometheus, 'ALERTS{alertstate="firing", project="frozen_lake"}')} >= {
