@@ -1,0 +1,42 @@
+"""``--slurm`` on a real Slurm cluster (proctrack/linuxproc: a job's processes are known by their
+``SLURM_JOB_ID`` alone) against 300 processes of another user claiming made-up job ids, started
+before a real job of ``nobody``: the real job is followed at the first look."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from servers import wait_until
+from test_slurm_sd_hostile import let_others_in, running, submit
+from verl_exporter.catalog import default_catalog
+from verl_exporter.schedulers.slurm import SlurmWatcher
+from verl_exporter.store import RunStore
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making processes of other users takes root")
+CLAIMS = 300
+
+
+@as_root
+def test_made_up_job_ids_of_another_user_do_not_delay_a_real_job(slurm, tmp_path, monkeypatch):
+    let_others_in(slurm)
+    for name, value in slurm.env.items():
+        monkeypatch.setenv(name, value)
+    claimants = [subprocess.Popen(["sleep", "120"], user="daemon", env={"SLURM_JOB_ID": str(900_000 + index)},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for index in range(CLAIMS)]
+    job = None
+    try:
+        job = submit(slurm, b"verl-real")  # nobody's, started after every claimant
+        wait_until(lambda: job in running(slurm), timeout=30, message="the real job running")
+        watcher = SlurmWatcher(RunStore(default_catalog()), interval=60.0)
+        watcher.refresh()  # one look
+        assert job in watcher.jobs, f"job {job} not followed at the first look among {CLAIMS} made-up ids"
+    finally:
+        for process in claimants:
+            process.kill()
+        for process in claimants:
+            process.wait()
+        if job is not None:
+            subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
