@@ -8,9 +8,9 @@ import os
 import subprocess
 
 import pytest
+from test_slurm_sd_hostile import let_others_in, running, submit
 
 from servers import wait_until
-from test_slurm_sd_hostile import let_others_in, running, submit
 from verl_exporter.catalog import default_catalog
 from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.store import RunStore
