@@ -1,6 +1,6 @@
-"""The same diagnosis at the same step on any hardware, once: every real run of both folders, and the
-failures users reported rebuilt from them, replayed with their step times scaled so that the median
-step takes 30 s (a 0.5B model), 5 minutes (7B GRPO) and 40 minutes (70B, long agent rollouts).
+"""The same diagnosis at the same step on any hardware, once: every real run of both folders that
+logged steps, and the failures users reported rebuilt from them, replayed with their step times scaled so
+that the median step takes 30 s (a 0.5B model), 5 minutes (7B GRPO) and 40 minutes (70B, long agent rollouts).
 
 At every tempo:
 - a healthy run raises no warning or critical alert; a short one no critical;
