@@ -160,8 +160,8 @@ class _AuthCache:
         self.bcrypt_lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(BCRYPT_SLOTS)
         self._lock = threading.Lock()
-        self._items: dict[bool, OrderedDict[bytes, bool]] = {True: OrderedDict(), False: OrderedDict()}
-        self._verified_by: dict[bytes, str] = {}  # a verified pair's user
+        # checked pairs by outcome; a verified pair's value is its user (kept across reloads by it)
+        self._items: dict[bool, OrderedDict[bytes, str]] = {True: OrderedDict(), False: OrderedDict()}
         self._dummies: dict[int, bytes] = {}
 
     @staticmethod
@@ -180,17 +180,14 @@ class _AuthCache:
     def set(self, key: bytes, value: bool, user: str = "") -> None:
         with self._lock:
             items = self._items[value]
-            items[key] = value
-            if value:
-                self._verified_by[key] = user
+            items[key] = user
             while len(items) > (self.size if value else self.failures):
-                dropped, _ = items.popitem(last=False)
-                self._verified_by.pop(dropped, None)
+                items.popitem(last=False)
 
     def adopt(self, other: "_AuthCache", users: Container[str]) -> None:
         """The pairs ``other`` verified for ``users``."""
         with other._lock:
-            kept = [(key, other._verified_by.get(key, "")) for key in other._items[True]]
+            kept = list(other._items[True].items())
         for key, user in kept:
             if user in users:
                 self.set(key, True, user)

@@ -61,8 +61,7 @@ class EvidenceArchive:
         self.retention = retention
         self.max_runs = max_runs
         self.max_bytes = max_bytes
-        self._latest: OrderedDict[RunKey, str] = OrderedDict()
-        self._owner: dict[RunKey, int | None] = {}  # the uid owning the run's log, where known
+        self._latest: OrderedDict[RunKey, tuple[str, int | None]] = OrderedDict()  # text, its log's owner uid
         self._lock = threading.Lock()
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)  # OSError: the caller says why
@@ -81,21 +80,19 @@ class EvidenceArchive:
         with self._lock:
             self._latest.pop(run, None)
             if owner is not None:
-                same = [key for key in self._latest if self._owner.get(key) == owner]
+                same = [key for key, (_, theirs) in self._latest.items() if theirs == owner]
                 for key in same[:max(0, len(same) - MAX_RUNS_PER_OWNER + 1)]:
                     del self._latest[key]
-                    self._owner.pop(key, None)
-            self._latest[run] = text
-            self._owner[run] = owner
+            self._latest[run] = (text, owner)
             while len(self._latest) > self.max_runs:
-                key, _ = self._latest.popitem(last=False)
-                self._owner.pop(key, None)
+                self._latest.popitem(last=False)
         return path
 
     def get(self, run: RunKey) -> str | None:
         """The run's latest evidence: from memory, else its newest file; None if there is none."""
         with self._lock:
-            text = self._latest.get(run)
+            kept = self._latest.get(run)
+        text = kept[0] if kept is not None else None
         if text is not None or self.directory is None:
             return text
         return self._read_newest(run)

@@ -70,7 +70,7 @@ class TrainerExit:
         self.hydra = self.traceback = self.entry = self.told = False
 
     def feed(self, line: str) -> str | None:
-        if line.startswith("(") or not line or line[0] in " \t" and not self.traceback:
+        if not line or line.startswith("(") or (line[0] in " \t" and not self.traceback):
             return None  # a Ray actor's line, or an indented line outside a traceback
         if line.startswith("["):
             prefix = _RANK_PREFIX.match(line)
@@ -103,9 +103,10 @@ class TrainerExit:
         return None
 
     def _tell(self, kind: str | None) -> str | None:
-        if self.told or kind is None:
-            if kind is None:
-                self.hydra = False  # the user stopped it: no end to tell after this
+        if kind is None:
+            self.hydra = False  # the user stopped it: no end to tell after this
+            return None
+        if self.told:
             return None
         self.told = True
         return kind
