@@ -59,8 +59,8 @@ test: install tools slurm-tools lint
 bench: install tools
 	$(PY) tests/benchmarks/run.py
 
-# Regenerate the package data (exporter/verl_exporter/data/: dashboards, alert and recording rules,
-# runbook), docs/alerts.md and prometheus/kubernetes/prometheusrule.yml from their code. Every alert's
+# Regenerate the shipped files (grafana/dashboards/; alerts/: alert and recording rules, Alertmanager
+# config, runbook), docs/alerts.md and prometheus/kubernetes/prometheusrule.yml from their code. Every alert's
 # runbook_url is RUNBOOK_URL#anchor: by default the exporter's own /runbook; set it to where the
 # runbook is hosted, e.g. make generate RUNBOOK_URL=https://wiki.example/verl/RUNBOOK.md
 RUNBOOK_URL ?= http://localhost:9945/runbook

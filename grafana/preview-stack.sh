@@ -24,7 +24,7 @@ done
 
 cat > "$work/prometheus.yml" <<YAML
 global: {scrape_interval: 5s, evaluation_interval: 5s}
-rule_files: ['$PWD/exporter/verl_exporter/data/rules/recording-rules.yml', '$PWD/exporter/verl_exporter/data/rules/verl-*.rules.yml']
+rule_files: ['$PWD/alerts/rules/recording-rules.yml', '$PWD/alerts/rules/verl-*.rules.yml']
 scrape_configs:
   - job_name: verl
     static_configs: [{targets: [${targets%,}]}]

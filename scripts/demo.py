@@ -8,7 +8,7 @@ Prints the URLs to open and runs until Ctrl-C, then stops everything it started.
 
 One simulated step takes ``--step-seconds`` (1 s) and stands for a 60 s verl step, so the rules are
 rendered with every duration divided by 60 (``for: 10m`` -> 10 s); thresholds are unchanged. The
-shipped rule files (verl_exporter/data/rules/) keep their real durations.
+shipped rule files (alerts/rules/) keep their real durations.
 
     python scripts/demo.py --scenario lr-too-high        # or: make demo SCENARIO=critic-underfit
 """

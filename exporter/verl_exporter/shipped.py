@@ -1,28 +1,35 @@
-"""Where the files the package ships live: alert and recording rules, the Alertmanager config and
-templates, the Grafana dashboards and the runbook, all under ``verl_exporter/data/``.
+"""Where the files the project ships live: alert and recording rules, the Alertmanager config and
+templates, and the runbook under ``alerts/``; the Grafana dashboards under ``grafana/dashboards/``.
 
-They are generated (``python -m verl_exporter.alerting``, ``python -m verl_dashboards``) and
-installed with the package, so a wheel finds them wherever it is installed. A leaf module: it
-imports nothing of the package.
+They are generated (``python -m verl_exporter.alerting``, ``python -m verl_dashboards``) and kept in
+one copy at the top of the checkout. The wheel's build copies both folders into the package
+(``verl_exporter/_files/``, see ``setup.py``), so an installed exporter finds them wherever it is
+installed; a checkout or an editable install reads the checkout's own. A leaf module: it imports
+nothing of the package.
 """
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
 RULE_GLOB = "verl-*.rules.yml"
 RECORDING_RULES = "recording-rules.yml"
+PACKAGED = Path(__file__).resolve().parent / "_files"  # what the wheel's build copied in
+CHECKOUT = Path(__file__).resolve().parents[2]  # exporter/verl_exporter/ -> the checkout's root
 
 
-def data_dir() -> Path:
-    """``verl_exporter/data/``: every shipped file is under it."""
-    return Path(str(files("verl_exporter").joinpath("data")))
+def _root() -> Path:
+    return PACKAGED if PACKAGED.is_dir() else CHECKOUT
+
+
+def alerts_dir() -> Path:
+    """``alerts/``: the rules, the Alertmanager config and templates, the runbook."""
+    return _root() / "alerts"
 
 
 def rules_dir() -> Path:
     """The folder of the alert and recording rule files."""
-    return data_dir() / "rules"
+    return alerts_dir() / "rules"
 
 
 def alert_rule_files() -> list[Path]:
@@ -43,19 +50,19 @@ def rule_files() -> list[Path]:
 
 def alertmanager_config() -> Path:
     """The Alertmanager configuration (routes by severity to PagerDuty and Slack)."""
-    return data_dir() / "alertmanager" / "alertmanager.yml"
+    return alerts_dir() / "alertmanager" / "alertmanager.yml"
 
 
 def alertmanager_templates() -> Path:
     """The folder of the Alertmanager notification templates (``*.tmpl``)."""
-    return data_dir() / "alertmanager" / "templates"
+    return alerts_dir() / "alertmanager" / "templates"
 
 
 def dashboards_dir() -> Path:
     """The folder of the Grafana dashboards (``*.json``)."""
-    return data_dir() / "dashboards"
+    return (PACKAGED / "dashboards") if PACKAGED.is_dir() else CHECKOUT / "grafana" / "dashboards"
 
 
 def runbook() -> Path:
     """RUNBOOK.md: one section per alert; every alert's ``runbook_url`` points into it."""
-    return data_dir() / "RUNBOOK.md"
+    return alerts_dir() / "RUNBOOK.md"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from . import fleet, gpu_nodes, run_detail
 
-# The package data of verl_exporter (verl_exporter.shipped.dashboards_dir() in this checkout).
-DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "exporter" / "verl_exporter" / "data" / "dashboards"
+# grafana/dashboards/ (verl_exporter.shipped.dashboards_dir() in this checkout).
+DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
 
 # File name in DASHBOARDS_DIR -> builder.
 BUILDERS = {

@@ -1,4 +1,4 @@
-"""Write the dashboards to exporter/verl_exporter/data/dashboards/, or with --check, fail if the
+"""Write the dashboards to grafana/dashboards/, or with --check, fail if the
 committed JSON is stale.
 
     PYTHONPATH=grafana .venv/bin/python -m verl_dashboards [--check] [--out DIR]

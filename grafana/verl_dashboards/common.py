@@ -255,5 +255,5 @@ def to_json(dashboard: db.Dashboard) -> dict:
 
 
 def render(model: dict) -> str:
-    """The JSON text written to ``verl_exporter/data/dashboards/`` (stable key order, trailing newline)."""
+    """The JSON text written to ``grafana/dashboards/`` (stable key order, trailing newline)."""
     return json.dumps(model, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -271,7 +271,7 @@ def test_dashboard_thresholds_are_catalog_numbers():
             checked += 1
             assert values <= catalog_numbers(names), f"{dashboard} / {panel.get('title')}: {values}"
     if checked == 0:
-        pytest.skip("no generated dashboards in verl_exporter/data/dashboards/ to compare")
+        pytest.skip("no generated dashboards in grafana/dashboards/ to compare")
     assert checked >= 5
 
 

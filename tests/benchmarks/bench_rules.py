@@ -26,7 +26,7 @@ from common import REPO, BenchmarkError, Result, Row, metrics_text, sample_value
 
 NAME = "rules"
 # Where a commit keeps its rule files: the package data now, alerts/ and prometheus/ before.
-RULE_FOLDERS = ("exporter/verl_exporter/data/rules", "alerts", "prometheus")
+RULE_FOLDERS = ("alerts/rules", "alerts", "prometheus")
 
 
 def _is_rule_file(text: str) -> bool:

@@ -32,8 +32,10 @@ def installed(tmp_path_factory) -> Path:
     """A virtualenv with the wheel built from this checkout installed (its bin/ folder)."""
     work = tmp_path_factory.mktemp("wheel")
     source = work / "source"  # what exporter/Dockerfile copies, so that the build leaves the checkout alone
-    shutil.copytree(REPO / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("exporter", "alerts", "grafana/dashboards"):
+        shutil.copytree(REPO / folder, source / folder, ignore=skip)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copyfile(REPO / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work / "dist"),
                             str(source)], capture_output=True, text=True, timeout=300)
@@ -74,7 +76,7 @@ def test_the_package_and_its_data_come_from_the_wheel(installed, tmp_path):
     venv_dir = installed.parent.resolve()
     assert Path(found["package"]).resolve().is_relative_to(venv_dir), found["package"]
     names = sorted(Path(path).name for path in found["rules"])
-    assert names == sorted([path.name for path in (REPO / "exporter/verl_exporter/data/rules").glob("*.yml")])
+    assert names == sorted([path.name for path in (REPO / "alerts/rules").glob("*.yml")])
     assert all(Path(path).resolve().is_relative_to(venv_dir) for path in found["rules"])
     for key in ("runbook", "alertmanager"):
         assert Path(found[key]).resolve().is_relative_to(venv_dir) and Path(found[key]).is_file(), key

@@ -2,8 +2,8 @@
 
     python -m verl_exporter.alerting [--check] [--runbook-url URL] [--root DIR]
 
-writes, under the checkout (``--root``): the alert and recording rules and RUNBOOK.md into the
-package data (``exporter/verl_exporter/data/``), docs/alerts.md and
+writes, under the checkout (``--root``): the alert and recording rules and RUNBOOK.md into
+``alerts/``, docs/alerts.md and
 prometheus/kubernetes/prometheusrule.yml. ``make generate RUNBOOK_URL=...`` passes ``--runbook-url``,
 the base of every ``runbook_url`` (default: the exporter's ``/runbook``); ``--check`` compares with
 the same base.

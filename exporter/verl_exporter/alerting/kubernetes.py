@@ -14,7 +14,7 @@ from . import render
 PROMETHEUS_RULE_FILE = Path("prometheus/kubernetes/prometheusrule.yml")
 NAME = "verl-exporter"
 COMMENT = (
-    "# The rules of verl_exporter/data/rules/*.yml (alert and recording rules) for the Prometheus Operator.\n"
+    "# The rules of alerts/rules/*.yml (alert and recording rules) for the Prometheus Operator.\n"
     "# The Prometheus resource must select it: match its ruleSelector (e.g. add the `release` label of\n"
     "# kube-prometheus-stack) and its ruleNamespaceSelector.   kubectl apply -f prometheusrule.yml\n"
 )

@@ -2,7 +2,7 @@
 
 ``python -m verl_exporter.alerting`` writes them; ``--check`` exits 1 and names the stale files
 instead. The rule files, the recording rules and RUNBOOK.md are package data
-(``verl_exporter/data/``, see ``verl_exporter.shipped``); every ``runbook_url`` is
+(``alerts/``, see ``verl_exporter.shipped``); every ``runbook_url`` is
 ``runbook_url#anchor``, its base ``--runbook-url`` (default: the exporter's own ``/runbook``).
 ``rule_files(time_scale=...)`` renders the same rules with every duration scaled, for tests and the
 demo that compress an hour of training into seconds.
@@ -22,7 +22,7 @@ from .departures import DEPARTURES
 from .model import Alert, Group, fill, scale_duration, scale_expr
 
 REPO = Path(__file__).resolve().parents[3]  # the checkout the generated files are written into
-DATA = Path("exporter/verl_exporter/data")  # verl_exporter.shipped.data_dir(), from the checkout's root
+DATA = Path("alerts")  # verl_exporter.shipped.alerts_dir(), from the checkout's root
 RULES_DIR = DATA / "rules"
 RUNBOOK_FILE = DATA / "RUNBOOK.md"
 GROUPS: tuple[Group, ...] = training.GROUPS + mismatch.GROUPS + system.GROUPS + rollout.GROUPS + anomaly.GROUPS

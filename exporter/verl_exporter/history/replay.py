@@ -69,7 +69,7 @@ EVERY_RUN = "verl_training_last_step"
 
 
 def shipped_rules() -> list[Path]:
-    """The alert and recording rules the package ships (verl_exporter/data/rules/)."""
+    """The alert and recording rules the package ships (alerts/rules/)."""
     return shipped.rule_files()
 
 
