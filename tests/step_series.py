@@ -1,6 +1,6 @@
 """promtool test files whose training series also come as the exporter's step statistics.
 
-The training rules read ``verl_training_<stat>{metric=...}`` (``verl_exporter.step_windows``), which
+The training rules read ``verl_training_<stat>{metric=...}`` (``verl_exporter.store.step_windows``), which
 the exporter computes from a run's steps. A test file gives the raw series a run logs; ``expand``
 adds, for every watched metric among them, the statistics the exporter would serve, computed by
 the exporter's own ``StepWindow``, taking each sample of the series as one step of the run.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from verl_exporter.step_windows import WATCHED, StepWindow
+from verl_exporter.store.step_windows import WATCHED, StepWindow
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 _NUMBER = r"(?:[+-]?[0-9.]+(?:e[+-]?[0-9]+)?|NaN|[+-]?Inf)"

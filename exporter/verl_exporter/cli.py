@@ -14,20 +14,22 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from . import web_config
-from .catalog import default_catalog
+from verl_exporter.config.options import Options, OptionsError, load_options, log_level
+from verl_exporter.http import web_config
+from verl_exporter.http.server import ExporterHTTPServer, parse_listen_address, serve
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
+
 from .collectors import Collector, CollectorRunner
 from .collectors.evidence import EvidenceCollector
 from .collectors.exporter import ExporterCollector
 from .exposition import Exposition
-from .options import Options, OptionsError, load_options, log_level
-from .server import ExporterHTTPServer, parse_listen_address, serve
-from .store import RunStore
 
 if TYPE_CHECKING:
-    from .fake_nvml import FakeNvmlBackend
-    from .gpu_backends import SelectedGpuBackend
-    from .job import JobSelector
+    from verl_exporter.collectors.job_processes import JobSelector
+    from verl_exporter.gpu.backends import SelectedGpuBackend
+    from verl_exporter.gpu.fake import FakeNvmlBackend
+
     from .schedulers.slurm import SlurmWatcher
 
 log = logging.getLogger("verl_exporter")
@@ -114,7 +116,7 @@ RELOAD_READ_SECONDS = 30.0
 def _reload_in_background(app: "Exporter", signals: "_Signals") -> str:
     """Read and check the new files in a thread while the main thread keeps answering signals, so
     a read that hangs never holds up SIGTERM; apply them here once checked. "stop" if a stop came."""
-    from . import reload
+    from verl_exporter.config import reload
 
     busy = [thread for thread in threading.enumerate() if thread.name == "reload" and thread.is_alive()]
     if busy:
@@ -287,7 +289,7 @@ class Exporter:
         collectors: dict[str, Collector] = {}
         job = None
         if options.job_pid is not None or options.job_match or self.slurm is not None:
-            from .job import JobSelector
+            from verl_exporter.collectors.job_processes import JobSelector
 
             job = self.job = JobSelector(pid=options.job_pid, match=options.job_match,
                                          pids=self.slurm.pids if self.slurm is not None else None)
@@ -299,7 +301,7 @@ class Exporter:
             from .collectors.gpu import GpuCollector
 
             if options.gpu_fake:
-                from .fake_nvml import fake_backend_from_spec
+                from verl_exporter.gpu.fake import fake_backend_from_spec
 
                 try:
                     self.gpu_backend = fake_backend_from_spec(options.gpu_fake,
@@ -307,7 +309,7 @@ class Exporter:
                 except ValueError as exc:
                     raise OptionsError(f"--gpu.fake: {exc}") from None
             else:
-                from .gpu_backends import make_backend
+                from verl_exporter.gpu.backends import make_backend
 
                 self.gpu_backend = make_backend(options.gpu_backend, pcie_throughput=options.gpu_pcie_throughput)
             collectors["gpu"] = gpu = GpuCollector(self.gpu_backend, job=job, timeout_seconds=options.gpu_timeout)
@@ -408,7 +410,7 @@ class Exporter:
     def reload(self) -> bool:
         """Read --config.file and --web.config.file again (SIGHUP). All or nothing: a file that does
         not load is logged and the running options are kept. The listener stays up."""
-        from .reload import apply
+        from verl_exporter.config.reload import apply
 
         return apply(self)
 

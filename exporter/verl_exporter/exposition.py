@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
@@ -154,11 +154,19 @@ def join(parts: list[Part], compressed: bool = False) -> bytes:
     return b"".join(out)
 
 
+@runtime_checkable
+class RendersText(Protocol):
+    """A collector that hands over its families in the text format itself (the collector runner)."""
+
+    def text_parts(self) -> list[Part]: ...
+
+
 def text_parts(collectors: Iterable) -> list[Part]:
-    """The text format of ``collectors``, in order, in parts."""
+    """The text format of ``collectors``, in order, in parts; client_python's own collectors
+    (``collect()`` only) are rendered here."""
     parts: list[Part] = []
     for collector in collectors:
-        if hasattr(collector, "text_parts"):
+        if isinstance(collector, RendersText):
             parts += collector.text_parts()
         else:
             parts += (Part(family_text(metric)) for metric in collector.collect())

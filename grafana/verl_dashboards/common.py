@@ -1,7 +1,7 @@
 """Building blocks shared by the dashboards: datasource, variables, queries, panels, thresholds.
 
 Descriptions, units and threshold colours of training panels come from the exporter's metric
-catalog (``verl_exporter/catalog.yaml``), so a dashboard cannot disagree with the alert rules about
+catalog (``verl_exporter/store/catalog.yaml``), so a dashboard cannot disagree with the alert rules about
 what is healthy. Colours: green inside the catalog's healthy range, orange below it, red above it;
 a one-sided range is red on its bad side. A metric without a healthy range is drawn in the text
 colour (no judgement).
@@ -36,7 +36,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from verl_exporter.catalog import MetricSpec, default_catalog
+from verl_exporter.store.catalog import MetricSpec, default_catalog
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["verl"]

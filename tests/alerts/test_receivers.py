@@ -30,7 +30,7 @@ from alerting_stack import ChatReceiver
 from servers import require_binary, start_alertmanager, wait_until
 from verl_exporter import shipped
 from verl_exporter.alerting import local, render
-from verl_exporter.catalog import default_catalog
+from verl_exporter.store.catalog import default_catalog
 
 CONFIG = shipped.alertmanager_config()
 SHIPPED_RECEIVERS = ["pagerduty", "slack-alerts", "slack-low-priority"]

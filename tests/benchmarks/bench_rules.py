@@ -155,7 +155,7 @@ def _costliest_rules(prometheus, count: int = 5) -> list[dict]:
 
 
 def _duration_seconds(text: str) -> float:
-    from verl_exporter.durations import parse_duration
+    from verl_exporter.config.durations import parse_duration
 
     return parse_duration(text)
 

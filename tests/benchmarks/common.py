@@ -226,7 +226,8 @@ def rss_bytes(pid: int) -> int:
 
 def simulator_digest() -> str:
     """Changes whenever the simulator does, so cached files are rebuilt after it changes."""
-    from verl_exporter import scenarios, simulate
+    from verl_exporter import simulate
+    from verl_exporter.simulate import scenarios
 
     digest = hashlib.sha256()
     for module in (scenarios, simulate):
@@ -257,7 +258,7 @@ def simulated_file(cache: Path, fmt: str, target_bytes: int, scenario: str = "he
 def every_catalog_key_values() -> dict[str, float]:
     """A PPO step of the simulator plus every key the catalog lists (and one of each family)."""
     from verl_exporter import simulate
-    from verl_exporter.catalog import default_catalog
+    from verl_exporter.store.catalog import default_catalog
 
     values = dict(simulate.step_values("healthy", 50))
     values.update(simulate.validation_values("healthy", 50))

@@ -27,7 +27,7 @@ from compose_checks import (
 from dashboard_models import REPO
 
 from verl_exporter import shipped
-from verl_exporter.options import OptionsError, load_options
+from verl_exporter.config.options import OptionsError, load_options
 
 COMPOSE = load_compose()
 PROMETHEUS_YML = REPO / "prometheus" / "prometheus.yml"
@@ -244,7 +244,7 @@ def test_secured_prometheus_config_differs_only_in_how_verl_is_scraped():
 def test_web_config_example_loads(tmp_path):
     """The example, beside a certificate and key, is a valid web config; its comment names the password."""
     from certs import make_pki
-    from verl_exporter import web_config
+    from verl_exporter.http import web_config
 
     pki = make_pki(tmp_path / "pki")
     for source, name in ((pki.server_cert, "server.crt"), (pki.server_key, "server.key"), (pki.ca, "ca.crt")):

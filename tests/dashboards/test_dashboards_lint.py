@@ -13,7 +13,7 @@ from dashboard_models import DASHBOARDS_DIR, REPO, load_dashboards, panels, targ
 import verl_dashboards
 from verl_dashboards import __main__ as generate
 from verl_dashboards.common import healthy_steps, render
-from verl_exporter.catalog import default_catalog
+from verl_exporter.store.catalog import default_catalog
 
 EXPECTED_UIDS = {"fleet-overview.json": "verl-fleet", "run-detail.json": "verl-run", "gpu-nodes.json": "verl-gpu"}
 DASHBOARDS = load_dashboards()

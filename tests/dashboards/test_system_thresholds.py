@@ -4,7 +4,7 @@ import yaml
 from dashboard_models import load_dashboards, panels
 
 from verl_exporter import shipped
-from verl_exporter.catalog import default_catalog
+from verl_exporter.store.catalog import default_catalog
 
 SYSTEM = default_catalog().system
 

@@ -5,8 +5,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exposition import scrape
 from promtool import check_metrics
-from verl_exporter.amdsmi_backend import AmdSmiBackend
 from verl_exporter.collectors.gpu import GpuCollector
+from verl_exporter.gpu.amdsmi import AmdSmiBackend
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promtool import check_metrics
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.gpu import GpuCollector
-from verl_exporter.nvml import NvmlBackend
+from verl_exporter.gpu.nvml import NvmlBackend
 
 pytestmark = pytest.mark.gpu
 

@@ -26,12 +26,12 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from servers import require_binary
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.schema import reserved_names
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 CASES = 10_000
 BATCH = 250  # cases per store and exposition

@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from promtool import check_metrics
 from servers import start_exporter
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.schema import reserved_names
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 # Keys that look like verl's, keys that aim at the exporter's own names, and anything at all.
 verl_like_keys = st.sampled_from([
@@ -83,7 +83,7 @@ def test_any_keys_and_values_give_a_valid_exposition(lines, suffix):
 
 def test_keys_aimed_at_the_exporters_own_names_are_renamed():
     store = RunStore(default_catalog())
-    from verl_exporter.records import Record, RunKey
+    from verl_exporter.store.records import Record, RunKey
 
     hostile = {key: 1.0 for key in ("training/steps_ingested", "training/last_step", "training/runs",
                                     "training/runs_dropped", "training/series_dropped", "training/nonfinite_values",

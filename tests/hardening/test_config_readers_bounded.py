@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import ParseError
 from verl_exporter.sources import Source
 from verl_exporter.sources.run_config import MAX_CONFIG_CHARS, MAX_CONFIG_NODES, flatten, read_config_text
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import ParseError
+from verl_exporter.store.run_store import RunStore
 
 SELF_REFERENCE = "trainer: {project_name: p, experiment_name: e}\nx: &x {y: *x}\n"
 ALIAS_BOMB = "trainer: {project_name: p, experiment_name: e}\na: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(

@@ -24,9 +24,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from certs import PASSWORD, write_web_config
 from servers import REPO, free_port, http_get, wait_until
-from verl_exporter import server as server_module
-from verl_exporter import web_config
 from verl_exporter.exposition import Exposition
+from verl_exporter.http import server as server_module
+from verl_exporter.http import web_config
 
 MIB = 1 << 20
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
@@ -339,14 +339,14 @@ def test_no_server_header_and_no_version(served):
 
 
 def test_control_bytes_from_the_request_are_escaped_in_the_log(served, caplog):
-    caplog.set_level(logging.DEBUG, logger="verl_exporter.server")
+    caplog.set_level(logging.DEBUG, logger="verl_exporter.http.server")
     port = served(Exposition([_Counting()]))
     for request in (b"GET /\x1b[31mred\rfake HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                     b"GET /ok\x1b HTTP/1.0\r\n\r\n", b"\x1b[2J\r\n\r\n"):
         raw_request(port, request)
-    wait_until(lambda: len([r for r in caplog.records if r.name == "verl_exporter.server"]) >= 3,
+    wait_until(lambda: len([r for r in caplog.records if r.name == "verl_exporter.http.server"]) >= 3,
                message="the requests logged")
-    messages = [record.getMessage() for record in caplog.records if record.name == "verl_exporter.server"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "verl_exporter.http.server"]
     assert not [m for m in messages if "\x1b" in m or "\r" in m], messages
 
 

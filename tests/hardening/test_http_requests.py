@@ -118,8 +118,8 @@ def test_slow_clients_do_not_block_others(exporter):
 
 def test_a_stalled_request_is_dropped_after_the_request_timeout(monkeypatch):
     """In-process, with a short timeout: the slow connection is closed, the server answers others."""
-    from verl_exporter import server as server_module
     from verl_exporter.exposition import Exposition
+    from verl_exporter.http import server as server_module
 
     monkeypatch.setattr(server_module, "HEADER_TIMEOUT", 0.3, raising=False)
     monkeypatch.setattr(getattr(server_module, "_Handler", server_module), "timeout", 0.3, raising=False)
@@ -222,8 +222,8 @@ class _Failing:
 
 
 def test_a_failed_scrape_answers_a_generic_500_and_logs_the_detail(caplog):
-    from verl_exporter import server as server_module
     from verl_exporter.exposition import Exposition
+    from verl_exporter.http import server as server_module
 
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Failing()]))
     try:
@@ -251,10 +251,10 @@ def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
     import logging
     import struct
 
-    from verl_exporter import server as server_module
     from verl_exporter.exposition import Exposition
+    from verl_exporter.http import server as server_module
 
-    caplog.set_level(logging.DEBUG, logger="verl_exporter.server")
+    caplog.set_level(logging.DEBUG, logger="verl_exporter.http.server")
     http, _ = server_module.serve(("127.0.0.1", 0), Exposition([_Big()]))
     try:
         for _ in range(3):

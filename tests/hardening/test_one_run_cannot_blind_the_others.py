@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import run_cache
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.exposition import Exposition
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 HOSTILE = (
     "(TaskRunner pid=1) {'trainer': {'project_name': 'team\\udce9', 'experiment_name': 'run',"

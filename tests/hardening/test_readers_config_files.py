@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import RunKey
 from verl_exporter.sources import Ingestor, Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
 
 CONFIG = "trainer:\n  project_name: p\n  experiment_name: e\n  total_training_steps: 10\n"
 

@@ -16,10 +16,10 @@ import tracemalloc
 
 import pytest
 
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import Record, RunKey
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("p", "e")
 
@@ -38,9 +38,9 @@ def test_a_double_star_glob_through_two_links_to_dot_ends_at_once(tmp_path):
     code = textwrap.dedent(f"""
         import resource, time
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-        from verl_exporter.catalog import default_catalog
+        from verl_exporter.store.catalog import default_catalog
         from verl_exporter.sources import Source
-        from verl_exporter.store import RunStore
+        from verl_exporter.store.run_store import RunStore
         store = RunStore(default_catalog())
         source = Source({str(logs / '**' / '*.log')!r}, store)
         started = time.monotonic()

@@ -13,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from verl_exporter.options import MAX_OPTIONS_FILE_BYTES, OptionsError, load_options
-except ImportError:  # the layout before options.py: the same reader, to show what it did
-    from verl_exporter.config import ConfigError as OptionsError  # type: ignore[no-redef]
-    from verl_exporter.config import load as load_options  # type: ignore[no-redef]
-
-    MAX_OPTIONS_FILE_BYTES = 256 << 10
+from verl_exporter.config.options import MAX_OPTIONS_FILE_BYTES, OptionsError, load_options
 
 SECRET = "s3cr3t-t0ken"
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from certs import make_pki, write_web_config
-from verl_exporter import web_config
-from verl_exporter.web_config import WebConfigError
+from verl_exporter.http import web_config
+from verl_exporter.http.web_config import WebConfigError
 
 MAX_WEB_CONFIG_BYTES = 256 * 1024
 SECRET = "s3cr3t-T0KEN-9f8e7d6c5b4a"

@@ -9,10 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servers import start_exporter
 from verl_exporter import simulate
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 STEPS = 30
 READ_TIME = "verl_training_last_step_timestamp_seconds"  # when the exporter read it: differs by design

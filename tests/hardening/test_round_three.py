@@ -17,16 +17,16 @@ import pytest
 
 from certs import write_web_config
 from servers import REPO, http_get, require_binary
-from verl_exporter import server as server_module
-from verl_exporter import web_config
+from verl_exporter.config.options import OptionsError, load_options
 from verl_exporter.exposition import Exposition
 from verl_exporter.forensics import EvidenceArchive, logtail
 from verl_exporter.forensics.archive import file_name
-from verl_exporter.options import OptionsError, load_options
-from verl_exporter.records import RunKey
-from verl_exporter.sources import Source
+from verl_exporter.http import server as server_module
+from verl_exporter.http import web_config
+from verl_exporter.sources import RecordsOnly, Source
 from verl_exporter.sources.errors import error_kind
 from verl_exporter.sources.open_files import OpenFiles
+from verl_exporter.store.records import RunKey
 
 RUN = RunKey("gsm8k", "ppo")
 
@@ -69,7 +69,7 @@ def followed(tmp_path, name: str, text: str) -> tuple[str, OpenFiles]:
     return str(log), pool
 
 
-class _Sink:
+class _Sink(RecordsOnly):
     def ingest(self, record):
         pass
 
@@ -235,10 +235,10 @@ def test_a_password_over_72_bytes_is_checked_by_its_first_72_as_htpasswd_hashes_
 # --- M6: churn of runs with keys of their own -----------------------------------------------------
 
 def test_runs_that_come_and_go_with_keys_of_their_own_leave_nothing_behind():
-    from verl_exporter.catalog import default_catalog
     from verl_exporter.collectors.training import TrainingCollector
-    from verl_exporter.records import Record
-    from verl_exporter.store import RunStore
+    from verl_exporter.store.catalog import default_catalog
+    from verl_exporter.store.records import Record
+    from verl_exporter.store.run_store import RunStore
 
     now = [1_000.0]
     store = RunStore(default_catalog(), idle_retention=60.0, clock=lambda: now[0])
@@ -261,8 +261,8 @@ def _config_print(total: int, lr: float) -> str:
 
 
 def test_another_logs_config_print_neither_finishes_nor_describes_the_run(tmp_path):
-    from verl_exporter.catalog import default_catalog
-    from verl_exporter.store import RunStore
+    from verl_exporter.store.catalog import default_catalog
+    from verl_exporter.store.run_store import RunStore
 
     (tmp_path / "a-victim.log").write_text(_config_print(100, 1e-6) + "".join(
         f"step:{step} - actor/pg_loss:0.1\n" for step in range(1, 51)))
@@ -347,8 +347,8 @@ def test_the_slurm_unit_leaves_the_evidence_to_loopback_and_compose_publishes_on
 # --- L9: past the cap of remembered names ---------------------------------------------------------
 
 def test_past_the_cap_of_remembered_names_new_keys_keep_their_plain_names(monkeypatch):
-    from verl_exporter import series_names
-    from verl_exporter.catalog import default_catalog
+    from verl_exporter.store import series_names
+    from verl_exporter.store.catalog import default_catalog
 
     monkeypatch.setattr(series_names, "MAX_NAME_OWNERS", 10)
     names = series_names.SeriesNames(default_catalog())
@@ -364,9 +364,9 @@ def test_past_the_cap_of_remembered_names_new_keys_keep_their_plain_names(monkey
 # --- M4: which file owns a run after a restart ----------------------------------------------------
 
 def test_after_a_restart_the_file_that_named_the_run_first_still_owns_it(tmp_path):
-    from verl_exporter.catalog import default_catalog
     from verl_exporter.sources.birth_time import birth_time
-    from verl_exporter.store import RunStore
+    from verl_exporter.store.catalog import default_catalog
+    from verl_exporter.store.run_store import RunStore
 
     victim = tmp_path / "z-victim.log"
     victim.write_text(_config_print(100, 1e-6) + "".join(f"step:{step} - actor/pg_loss:0.1\n" for step in range(1, 51)))

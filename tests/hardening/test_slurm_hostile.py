@@ -18,12 +18,12 @@ from unit.test_slurm_watcher import (
     scontrol_line,
     write_log,
 )
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import RunKey
 from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.schedulers.slurm_jobs import SlurmJob, gpu_list, show_job
 from verl_exporter.schedulers.slurm_procs import read_environ, scan_proc
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
 
 node = test_slurm_watcher.node  # the fake node: /proc tree, scontrol answers, a watcher
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")

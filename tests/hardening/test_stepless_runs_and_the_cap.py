@@ -2,9 +2,9 @@
 --store.max-runs: a run that steps takes the place of the oldest of them, counted as
 verl_training_runs_expired_total{reason="no_step"}; runs that step are never dropped for it."""
 
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 
 def _config(name: str, moment: float) -> Record:

@@ -17,7 +17,7 @@ from verl_exporter import simulate
 from verl_exporter.cli import main
 from verl_exporter.history.backfill import HELP_NOTE, build, parse_time
 from verl_exporter.history.timeline import read_file, split_timestamp
-from verl_exporter.records import RunKey
+from verl_exporter.store.records import RunKey
 
 TARGET = {"job", "instance"}
 

@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exposition import scrape
 from promtool import check_metrics
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import RunKey
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "verl"
 RUNS = sorted(path.parent for path in FIXTURES.glob("*/*/logged.json"))

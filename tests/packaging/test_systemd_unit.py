@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servers import REPO
-from verl_exporter.options import load_options
+from verl_exporter.config.options import load_options
 
 UNIT = REPO / "deploy" / "systemd" / "verl-exporter-slurm.service"
 

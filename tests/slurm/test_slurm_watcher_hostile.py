@@ -11,9 +11,9 @@ import pytest
 from test_slurm_sd_hostile import let_others_in, running, submit
 
 from servers import wait_until
-from verl_exporter.catalog import default_catalog
 from verl_exporter.schedulers.slurm import SlurmWatcher
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making processes of other users takes root")
 CLAIMS = 300

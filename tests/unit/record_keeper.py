@@ -1,7 +1,9 @@
 """A store for Source tests: keeps every record it is handed; a parse error fails the test."""
 
+from verl_exporter.sources import RecordsOnly
 
-class RecordKeeper:
+
+class RecordKeeper(RecordsOnly):
     def __init__(self):
         self.records = []
 

@@ -9,11 +9,12 @@ import pytest
 from exposition import samples, scrape
 from fake_amdsmi import ENERGY_RESOLUTION_UJ, MB, STATUS, FakeAmdSmi, install_broken_amdsmi
 from promtool import check_metrics
-from verl_exporter import gpu_backends, options
-from verl_exporter.amdsmi_backend import AmdSmiBackend
 from verl_exporter.cli import Exporter
 from verl_exporter.collectors.gpu import GpuCollector
-from verl_exporter.options import OptionsError, load_options
+from verl_exporter.config import options
+from verl_exporter.config.options import OptionsError, load_options
+from verl_exporter.gpu import backends as gpu_backends
+from verl_exporter.gpu.amdsmi import AmdSmiBackend
 
 HOT_CELSIUS = 85  # VerlGpuHot's threshold
 
@@ -311,7 +312,7 @@ def fake_pynvml(works):
 def test_auto_takes_amdsmi_when_nvml_does_not_initialise(caplog):
     fake = FakeAmdSmi(gpus=8)
     backend = gpu_backends.make_backend("auto", nvml_module=fake_pynvml(False), amdsmi_module=fake)
-    with caplog.at_level(logging.INFO, logger="verl_exporter.gpu_backends"):
+    with caplog.at_level(logging.INFO, logger="verl_exporter.gpu.backends"):
         values = samples(gpu_text(backend))
     assert backend.library == "amdsmi"
     assert one(values, "verl_gpus") == 8 and one(values, "verl_gpu_up", gpu=7) == 1

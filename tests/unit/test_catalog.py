@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from verl_exporter.catalog import Catalog, default_catalog, default_name
+from verl_exporter.store.catalog import Catalog, default_catalog, default_name
 
 # Sections 1-10 of the metrics guide: every metric it names.
 GUIDE_KEYS = [

@@ -6,13 +6,13 @@ import os
 from prometheus_client import CollectorRegistry, generate_latest
 from record_keeper import RecordKeeper
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
-from verl_exporter.records import Record, RunKey
 from verl_exporter.sources import Source
 from verl_exporter.sources.checkpoint import parse_checkpoint_start
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "grpo")
 FOLDER = "local_global_step_folder: checkpoints/gsm8k/grpo/global_step_{}"

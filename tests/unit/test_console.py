@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from verl_exporter.records import ParseError
 from verl_exporter.sources.console import (
     is_finished_line,
     parse_console_continuation,
     parse_console_line,
 )
+from verl_exporter.store.records import ParseError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sources"
 

@@ -7,14 +7,14 @@ import threading
 
 from prometheus_client import generate_latest
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.exposition import Exposition, Part
-from verl_exporter.records import Record, RunKey
-from verl_exporter.run_state import RunState
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_state import RunState
+from verl_exporter.store.run_store import RunStore
 
 
 def setup(**kwargs):

@@ -13,20 +13,20 @@ import bcrypt
 import pytest
 
 from servers import http_get
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.gpu import GpuCollector
+from verl_exporter.config.options import OPTIONS, OptionsError, load_options
 from verl_exporter.exposition import Exposition
-from verl_exporter.fake_nvml import GIB, FakeNvmlBackend
 from verl_exporter.forensics import EvidenceArchive, Forensics, Stall, StallWatch, logtail, stacks
 from verl_exporter.forensics.archive import file_name, safe_name
 from verl_exporter.forensics.gpus import describe_gpus
 from verl_exporter.forensics.report import render
-from verl_exporter.options import OPTIONS, OptionsError, load_options
-from verl_exporter.records import Record, RunKey
-from verl_exporter.server import serve
+from verl_exporter.gpu.fake import GIB, FakeNvmlBackend
+from verl_exporter.http.server import serve
+from verl_exporter.http.web_config import WebConfig
 from verl_exporter.sources.open_files import OPEN_FILES, FileHandle
-from verl_exporter.store import RunStore
-from verl_exporter.web_config import WebConfig
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "ppo-qwen")
 REPO = Path(__file__).resolve().parents[2]
@@ -549,8 +549,8 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     from prometheus_client import CollectorRegistry, generate_latest
 
     from verl_exporter.collectors.evidence import EvidenceCollector
-    from verl_exporter.records import RunKey
     from verl_exporter.schema import reserved_names
+    from verl_exporter.store.records import RunKey
 
     class Captured:
         captured = {RunKey("gsm8k", "hung"): (1000.0, "wait_for_allreduce (hung.py:5)"),

@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import ParseError, RunKey
 from verl_exporter.sources import Source
 from verl_exporter.sources.console import WANDB_LINE_CHARS, parse_console_line
 from verl_exporter.sources.errors import error_kind
 from verl_exporter.sources.fatal import TrainerExit, fatal_kind
 from verl_exporter.sources.jsonl import FLAT, JsonlReader, parse_jsonl_line
 from verl_exporter.sources.pairing import job_of, job_stem
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import ParseError, RunKey
+from verl_exporter.store.run_store import RunStore
 
 CONFIG_PRINT = ("{'trainer': {'project_name': 'frozen_lake', 'experiment_name': 'ppo-16-32', "
                 "'total_epochs': 1}, 'actor_rollout_ref': {'actor': {'ppo_mini_batch_size': 32}}}\n")

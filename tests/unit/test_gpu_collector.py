@@ -12,8 +12,8 @@ from servers import wait_until
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.collectors.host import HostCollector
-from verl_exporter.fake_nvml import GIB, H100_MEMORY_BYTES, FakeNvmlBackend, fake_backend_from_spec
-from verl_exporter.nvml import CLOCK_EVENT_REASONS
+from verl_exporter.gpu.fake import GIB, H100_MEMORY_BYTES, FakeNvmlBackend, fake_backend_from_spec
+from verl_exporter.gpu.nvml import CLOCK_EVENT_REASONS
 
 
 class ManualClock:

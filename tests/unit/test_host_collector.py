@@ -13,7 +13,7 @@ from exposition import samples
 from exposition import scrape as scrape_collectors
 from servers import wait_until
 from verl_exporter.collectors.host import HostCollector
-from verl_exporter.job import JobSelector
+from verl_exporter.collectors.job_processes import JobSelector
 
 JOB_SERIES = ("verl_job_running", "verl_job_processes", "verl_job_resident_memory_bytes",
               "verl_job_cpu_seconds_total", "verl_job_threads", "verl_job_open_fds")

@@ -11,12 +11,12 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from exposition import sample_value, samples
-from verl_exporter.catalog import default_catalog
-from verl_exporter.collectors import CollectorRunner
+from verl_exporter.collectors import Collector, CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import Record, RunKey
 from verl_exporter.sources import Source
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "ppo")
 
@@ -83,7 +83,7 @@ def test_a_step_beyond_2_to_the_53_is_a_parse_error(tmp_path, digits, suffix):
     assert sample_value(text, "verl_exporter_parse_errors_total", source=str(path)) == 1
 
 
-class Broken:
+class Broken(Collector):
     """A collector whose family cannot be rendered."""
 
     def __init__(self, label="ok", value=1.0):
@@ -98,7 +98,7 @@ class Broken:
         yield family
 
 
-class Fine:
+class Fine(Collector):
     def describe(self):
         return []
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from servers import wait_until
-from verl_exporter.job import JobSelector
+from verl_exporter.collectors.job_processes import JobSelector
 
 SLEEPER = "import time; time.sleep(60)"
 PARENT = (

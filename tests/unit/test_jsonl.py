@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_exporter.records import ParseError
 from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.store.records import ParseError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sources"
 FILELOGGER = FIXTURES / "verl_grpo_example_gsm8k" / "qwen2_7b_function_rm.jsonl"

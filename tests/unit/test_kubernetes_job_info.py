@@ -6,11 +6,11 @@ from pathlib import Path
 
 import yaml
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.job_info import JobInfoCollector
-from verl_exporter.records import Record, RunKey
 from verl_exporter.schedulers.kubernetes import ENV, KubernetesPod, KubernetesRuns
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 POD_ENV = {"VERL_EXPORTER_POD_NAME": "grpo-7b-x2kq9", "VERL_EXPORTER_POD_NAMESPACE": "research",

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_exporter.options import load_options
-from verl_exporter.server import parse_listen_address
+from verl_exporter.config.options import load_options
+from verl_exporter.http.server import parse_listen_address
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "prometheus" / "kubernetes"
@@ -256,7 +256,7 @@ def test_secured_sidecar_adds_only_the_web_config_flag(pod, secured):
 
 def test_secured_web_config_uses_the_mounted_tls_secret(tmp_path, secured):
     from certs import make_pki
-    from verl_exporter import web_config
+    from verl_exporter.http import web_config
 
     secured_pod, documents = secured
     sidecar = container(secured_pod, "verl-exporter")

@@ -7,13 +7,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from record_keeper import RecordKeeper
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
-from verl_exporter.records import Record, RunKey
 from verl_exporter.sources import Source
 from verl_exporter.sources.errors import KINDS, MAX_LINE_CHARS, error_kind
-from verl_exporter.store import ERROR_LINES, RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import ERROR_LINES, RunStore
 
 RUN = RunKey("search", "ppo")
 

@@ -3,11 +3,11 @@ import pytest
 from exposition import matching, samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.node import NodeCollector
-from verl_exporter.options import OptionsError, load_options
-from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.config.options import OptionsError, load_options
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 
 def node_runs(text: str) -> set[tuple[str, str]]:

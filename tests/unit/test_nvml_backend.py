@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from servers import wait_until
-from verl_exporter.nvml import NvmlBackend, NvmlUnavailable, format_cuda_version
+from verl_exporter.gpu.backend import GpuUnavailable
+from verl_exporter.gpu.nvml import NvmlBackend, format_cuda_version
 
 
 class NVMLError(Exception):
@@ -200,7 +201,7 @@ def test_unsupported_fields_are_none_never_zero_and_not_logged(error, caplog):
     for function in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
                      "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage"):
         nv.fail[(function, None)] = error
-    with caplog.at_level(logging.WARNING, logger="verl_exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="verl_exporter.gpu.nvml"):
         r = ready_backend(nv).read_device(0)
     assert not caplog.records
     assert r.up
@@ -261,7 +262,7 @@ def test_an_unexpected_field_error_is_logged_once_and_omitted(caplog):
     nv = FakePynvml()
     nv.fail[("nvmlDeviceGetPcieReplayCounter", None)] = "Uninitialized"
     backend = ready_backend(nv)
-    with caplog.at_level(logging.WARNING, logger="verl_exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="verl_exporter.gpu.nvml"):
         readings = [backend.read_device(0) for _ in range(3)]
     assert [r.pcie_replay_errors for r in readings] == [None, None, None]
     assert all(r.temperature_celsius == 64 for r in readings)
@@ -294,7 +295,7 @@ def test_init_failure_makes_the_backend_unavailable_and_retries_every_minute(err
     backend = NvmlBackend(nv, clock=clock, watch_xid=False)
     assert not backend.ensure_initialized()
     assert message in backend.error and "retrying every 60 s" in backend.error
-    with pytest.raises(NvmlUnavailable):
+    with pytest.raises(GpuUnavailable):
         backend.device_count()
     clock.now = 59
     assert not backend.ensure_initialized()
@@ -311,7 +312,7 @@ def test_a_driver_that_stops_answering_makes_the_backend_unavailable():
     clock = ManualClock()
     backend = ready_backend(nv, clock=clock)
     nv.fail[("nvmlDeviceGetCount", None)] = "Uninitialized"
-    with pytest.raises(NvmlUnavailable, match="stopped answering"):
+    with pytest.raises(GpuUnavailable, match="stopped answering"):
         backend.device_count()
     assert not backend.available
     assert not backend.ensure_initialized()  # no retry before a minute has passed
@@ -338,7 +339,7 @@ def test_xid_registration_failure_is_logged_once_and_not_fatal(caplog):
     nv = FakePynvml(gpus=2)
     nv.fail[("nvmlDeviceRegisterEvents", 0)] = "NotSupported"
     backend = ready_backend(nv, xid_poll_ms=20)
-    with caplog.at_level(logging.WARNING, logger="verl_exporter.nvml"):
+    with caplog.at_level(logging.WARNING, logger="verl_exporter.gpu.nvml"):
         assert backend.start_xid_watcher()  # GPU 1 still registered
         backend.stop_xid_watcher()
         nv.fail[("nvmlDeviceRegisterEvents", None)] = "NotSupported"

@@ -9,11 +9,11 @@ import sys
 import pytest
 import yaml
 
-from verl_exporter import options as options_module
 from verl_exporter.cli import main
-from verl_exporter.option_kinds import Duration
-from verl_exporter.options import OPTIONS, Options, OptionsError, load_options
-from verl_exporter.server import parse_listen_address
+from verl_exporter.config import options as options_module
+from verl_exporter.config.option_kinds import Duration
+from verl_exporter.config.options import OPTIONS, Options, OptionsError, load_options
+from verl_exporter.http.server import parse_listen_address
 
 
 def load_file(tmp_path, text: str, *argv: str) -> Options:

@@ -8,16 +8,16 @@ import itertools
 
 from exposition import scrape
 from promtool import check_metrics
-from verl_exporter import catalog as catalog_module
 from verl_exporter import schema
-from verl_exporter.catalog import LOGGED_PREFIX, PREFIX, default_catalog, default_name
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.collectors.host import HostCollector
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.fake_nvml import FakeNvmlBackend
-from verl_exporter.records import Record, RunKey
+from verl_exporter.gpu.fake import FakeNvmlBackend
 from verl_exporter.schema import reserved_names
-from verl_exporter.store import RunStore
+from verl_exporter.store import catalog as catalog_module
+from verl_exporter.store.catalog import LOGGED_PREFIX, PREFIX, default_catalog, default_name
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 CATALOG = default_catalog()
 OWN = reserved_names()
@@ -58,7 +58,7 @@ def test_the_reserved_names_are_the_schemas_with_every_sample_name():
 def test_everything_the_exporter_registers_is_reserved(tmp_path):
     """Drift guard: a family cli.py serves that the schema does not list would fail here."""
     from verl_exporter.cli import Exporter
-    from verl_exporter.options import load_options
+    from verl_exporter.config.options import load_options
 
     run = tmp_path / "gsm8k" / "ppo.jsonl"
     run.parent.mkdir()

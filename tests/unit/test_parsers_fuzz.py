@@ -9,10 +9,10 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_exporter.records import MAX_STEP, ParseError, clean_text
-from verl_exporter.sources import Source
+from verl_exporter.sources import RecordsOnly, Source
 from verl_exporter.sources.console import is_finished_line, parse_console_line
 from verl_exporter.sources.jsonl import parse_jsonl_line
+from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,7 +127,7 @@ def test_pathological_shapes_stay_linear():
         is_finished_line(line)
 
 
-class CountingStore:
+class CountingStore(RecordsOnly):
     def __init__(self):
         self.records = []
         self.errors = []

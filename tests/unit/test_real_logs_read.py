@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from verl_exporter.records import Record
-from verl_exporter.sources import Source
+from verl_exporter.sources import RecordsOnly, Source
 from verl_exporter.sources.console import _content
+from verl_exporter.store.records import Record
 
 REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared" / "real-runs"
 LOGS = sorted(path for path in REAL_RUNS.glob("*/*") if path.name != "SOURCE.md") if REAL_RUNS.is_dir() else []
 
 
-class Collector:
+class Collector(RecordsOnly):
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.errors: list[str] = []

@@ -12,7 +12,7 @@ import yaml
 from certs import PASSWORD, password_hash, write_web_config
 from servers import http_get
 from verl_exporter.cli import Exporter
-from verl_exporter.options import OPTIONS, Options, load_options
+from verl_exporter.config.options import OPTIONS, Options, load_options
 
 
 @pytest.fixture

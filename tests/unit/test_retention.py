@@ -3,10 +3,10 @@
 import logging
 
 from exposition import sample_value, scrape
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 HOUR = 3600.0
 
@@ -77,7 +77,7 @@ def test_the_run_cap_frees_up_through_retention_and_is_logged_once(caplog):
     store = make_store(clock, max_runs=2, retention=HOUR)
     step(store, "a", 1, clock.now)
     step(store, "b", 1, clock.now)
-    with caplog.at_level(logging.WARNING, logger="verl_exporter.store"):
+    with caplog.at_level(logging.WARNING, logger="verl_exporter.store.run_store"):
         step(store, "c", 1, clock.now)
         step(store, "d", 1, clock.now)
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1

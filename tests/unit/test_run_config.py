@@ -15,11 +15,9 @@ from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
 from verl_exporter import simulate
-from verl_exporter.catalog import default_catalog
 from verl_exporter.cli import Exporter
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.options import load_options
-from verl_exporter.records import ParseError, Record, RunKey
+from verl_exporter.config.options import load_options
 from verl_exporter.sources import Source, format_for
 from verl_exporter.sources.run_config import (
     MAX_CONFIG_LINES,
@@ -30,7 +28,9 @@ from verl_exporter.sources.run_config import (
     read_config_text,
     read_literal,
 )
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import ParseError, Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "grpo")
 CONFIG = simulate.run_config("healthy-grpo", project="gsm8k", experiment="grpo")

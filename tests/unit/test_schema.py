@@ -7,18 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from verl_exporter import run_settings, schema
-from verl_exporter.catalog import default_catalog, is_reserved
+from verl_exporter import schema
 from verl_exporter.collectors import CollectorRunner
 from verl_exporter.collectors.evidence import EvidenceCollector
 from verl_exporter.collectors.exporter import ExporterCollector
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.collectors.host import HostCollector
+from verl_exporter.collectors.job_processes import JobSelector
 from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.fake_nvml import FakeNvmlBackend
-from verl_exporter.job import JobSelector
-from verl_exporter.store import RunStore
+from verl_exporter.gpu.fake import FakeNvmlBackend
+from verl_exporter.store import run_settings
+from verl_exporter.store.catalog import default_catalog, is_reserved
+from verl_exporter.store.run_store import RunStore
 
 PACKAGE = Path(schema.__file__).parent
 CATALOG = default_catalog()
@@ -76,7 +77,7 @@ def test_every_name_the_schema_lists_is_reserved_from_logged_keys():
 
 
 def test_the_clock_event_reasons_nvml_reads_are_named_in_the_help():
-    from verl_exporter.nvml import CLOCK_EVENT_REASONS, REMAPPED_ROW_STATES
+    from verl_exporter.gpu.nvml import CLOCK_EVENT_REASONS, REMAPPED_ROW_STATES
 
     assert all(reason in schema.GPUS["clock_event_active"].help for reason in CLOCK_EVENT_REASONS)
     assert all(state in schema.GPUS["remapped_rows"].help for state in REMAPPED_ROW_STATES)
@@ -160,5 +161,5 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_a_package_is_a_node_of_its_modules_imports():
     graph = _graph()
-    assert "verl_exporter.schema" in graph["verl_exporter.catalog"]
+    assert "verl_exporter.schema" in graph["verl_exporter.store.catalog"]
     assert "verl_exporter.collectors.run_cache" in graph["verl_exporter.collectors.training"]

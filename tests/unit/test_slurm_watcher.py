@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.job_info import JobInfoCollector
-from verl_exporter.job import JobSelector
-from verl_exporter.records import RunKey
+from verl_exporter.collectors.job_processes import JobSelector
 from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.schedulers.slurm_jobs import SlurmJob, first_node, gpu_list, parse_fields, resolve_path
 from verl_exporter.schedulers.slurm_procs import job_owner, read_environ, scan_proc
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
 
 PREFIX = "\x1b[36m(TaskRunner pid=7)\x1b[0m "
 CONFIG = {"trainer": {"project_name": "gsm8k", "experiment_name": "grpo-7b", "total_epochs": 1, "nnodes": 1},
@@ -396,7 +396,7 @@ def test_the_job_selector_takes_the_jobs_pids():
 
 def test_slurm_excludes_job_flags_and_serves_job_info(tmp_path):
     from verl_exporter.cli import Exporter
-    from verl_exporter.options import OptionsError, load_options
+    from verl_exporter.config.options import OptionsError, load_options
 
     with pytest.raises(OptionsError, match="--slurm"):
         Exporter(load_options(["--slurm", "--job.match", "python", "--gpu.fake", "healthy:2"]))
@@ -449,7 +449,7 @@ def test_a_jobs_gpus_are_those_nvml_sees_its_processes_on(node):
     on GPUs, verl_job_gpu_info names NVML's indices of those GPUs (the ones the GPU series carry);
     until then, and without NVML, SLURM_JOB_GPUS."""
     from verl_exporter.collectors.gpu import GpuCollector
-    from verl_exporter.fake_nvml import FakeNvmlBackend
+    from verl_exporter.gpu.fake import FakeNvmlBackend
 
     cluster, _, watcher = node
     write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
@@ -476,7 +476,7 @@ def test_a_jobs_gpus_are_those_nvml_sees_its_processes_on(node):
 
 def test_slurm_wires_the_gpu_collector_into_the_watcher():
     from verl_exporter.cli import Exporter
-    from verl_exporter.options import load_options
+    from verl_exporter.config.options import load_options
 
     app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
     collectors = app._collectors()

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import verl_exporter.sources as sources
-from verl_exporter.records import Record, RunKey
-from verl_exporter.sources import Ingestor, Source, format_for, run_for
+from verl_exporter.sources import Ingestor, RecordsOnly, Source, format_for, run_for
+from verl_exporter.store.records import Record, RunKey
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sources"
 JSONL = FIXTURES / "verl_grpo_example_gsm8k" / "qwen2_7b_function_rm.jsonl"
 
 
-class RecordingStore:
+class RecordingStore(RecordsOnly):
     def __init__(self):
         self.records: list[Record] = []
         self.errors: list[tuple[str, str]] = []
@@ -228,6 +228,7 @@ def test_follower_failure_does_not_escape_poll(tmp_path, monkeypatch):
 def test_ingestor_keeps_polling_other_sources_when_one_fails(tmp_path, caplog):
     class Broken:
         pattern = "broken"
+        behind = caught_up = False
 
         def poll(self):
             raise RuntimeError("boom")
@@ -271,6 +272,9 @@ def test_ingestor_thread_follows_the_file(tmp_path):
 
 def test_ingestor_does_not_wait_while_a_source_is_behind():
     class Backlog:
+        pattern = "backlog"
+        caught_up = False
+
         def __init__(self):
             self.polls = 0
 
@@ -296,9 +300,9 @@ def test_ingestor_does_not_wait_while_a_source_is_behind():
 def test_a_backlog_is_dated_by_the_file_not_by_the_restart(tmp_path):
     import os
 
-    from verl_exporter.catalog import default_catalog
     from verl_exporter.sources import Source as RealSource
-    from verl_exporter.store import RunStore
+    from verl_exporter.store.catalog import default_catalog
+    from verl_exporter.store.run_store import RunStore
 
     path = tmp_path / "proj" / "exp.jsonl"
     path.parent.mkdir()

@@ -9,10 +9,10 @@ import pytest
 
 from exposition import sample_value
 from exposition import scrape as scrape_collectors
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.sources import Source, tail
-from verl_exporter.store import RunStore
+from verl_exporter.sources import RecordsOnly, Source, tail
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.run_store import RunStore
 
 
 def scrape(store) -> str:
@@ -135,8 +135,8 @@ def test_a_file_that_becomes_a_fifo_is_not_read(tmp_path):
     assert sample_value(text, "verl_training_last_step", experiment="run") == 1
 
 
-def test_a_store_without_source_states_still_works(tmp_path):
-    class Minimal:
+def test_a_store_that_takes_only_records_still_works(tmp_path):
+    class Minimal(RecordsOnly):
         def __init__(self):
             self.records = []
 

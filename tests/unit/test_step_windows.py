@@ -7,11 +7,11 @@ import statistics
 
 import pytest
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import Record, RunKey
-from verl_exporter.step_windows import STATS, WATCHED, StepWindow
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
+from verl_exporter.store.step_windows import STATS, WATCHED, StepWindow
 
 RUN = RunKey("gsm8k", "steps")
 

@@ -1,9 +1,9 @@
 import math
 import threading
 
-from verl_exporter.catalog import default_catalog
-from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "ppo-qwen")
 

@@ -8,11 +8,11 @@ from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
 from verl_exporter import shipped
-from verl_exporter.catalog import default_catalog
-from verl_exporter.collectors import CollectorRunner
+from verl_exporter.collectors import Collector, CollectorRunner
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.records import Record, RunKey
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
 
 RUN = RunKey("gsm8k", "ppo-qwen")
 
@@ -79,7 +79,7 @@ def test_promtool_check_catches_a_bad_name():
 
 
 def test_a_failing_collector_does_not_fail_the_scrape():
-    class Broken:
+    class Broken(Collector):
         def describe(self):
             return []
 

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import Gauge
 
 from certs import PASSWORD, make_pki, password_hash, write_web_config
-from verl_exporter import server as server_module
-from verl_exporter import web_config
 from verl_exporter.exposition import Exposition
-from verl_exporter.web_config import WebConfigError
+from verl_exporter.http import server as server_module
+from verl_exporter.http import web_config
+from verl_exporter.http.web_config import WebConfigError
 
 ENDPOINTS = {"/metrics": 200, "/-/healthy": 200, "/-/ready": 200, "/": 200, "/nothing-here": 404}
 

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from verl_exporter.catalog import Catalog, default_catalog
+from verl_exporter.store.catalog import Catalog, default_catalog
 
 from . import kubernetes, render
 

@@ -20,7 +20,7 @@ logged by the actor as ``actor/rollout_corr/*`` in bypass mode). Fully asynchron
 
 from __future__ import annotations
 
-from verl_exporter.catalog import default_catalog
+from verl_exporter.store.catalog import default_catalog
 
 from .model import Alert, Group, held, mostly, steps_of_any, sub
 

@@ -15,7 +15,7 @@ filled in by ``fill`` when the rules are rendered (no f-strings or ``str.format`
 
 Helpers that take arguments build their text with ``sub`` (``sub("rate(${series}[5m])",
 series=...)``), which fills the ``${name}`` of its arguments and leaves the others for ``fill``.
-Durations are Prometheus's, read and written by ``verl_exporter.durations``.
+Durations are Prometheus's, read and written by ``verl_exporter.config.durations``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from verl_exporter.catalog import Catalog
-from verl_exporter.durations import format_duration, parse_duration
-from verl_exporter.step_windows import WATCHED
+from verl_exporter.config.durations import format_duration, parse_duration
+from verl_exporter.store.catalog import Catalog
+from verl_exporter.store.step_windows import WATCHED
 
 SEVERITIES = ("critical", "warning", "info")
 

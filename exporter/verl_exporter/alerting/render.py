@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from verl_exporter.catalog import Catalog, default_catalog
-from verl_exporter.durations import parse_duration
+from verl_exporter.config.durations import parse_duration
+from verl_exporter.store.catalog import Catalog, default_catalog
 
 from . import anomaly, mismatch, model, nodes, rollout, settings, system, training
 from .departures import DEPARTURES

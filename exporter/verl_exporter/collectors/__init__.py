@@ -12,6 +12,7 @@ Emits::
 A collector that raises, or hands over a family that could not be rendered (text UTF-8 cannot
 encode, a value no float holds), loses only its own metrics for that scrape; the others are still
 served. A collector can also report a failure without raising by setting ``last_error`` to a message.
+Every collector subclasses ``Collector``; ``verl_exporter.app.COLLECTORS`` says which are built.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import time
 from itertools import chain
 from operator import attrgetter
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
@@ -32,10 +33,21 @@ log = logging.getLogger(__name__)
 _NAME, _LABELS, _VALUE, _TIMESTAMP = map(attrgetter, ("name", "labels", "value", "timestamp"))
 
 
-class Collector(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
+class Collector:
+    """What the runner runs. ``collect()`` and ``describe()`` give the families; ``last_error`` is
+    None, or why this scrape failed without raising; ``text_parts()`` is the families in the text
+    format (the training collector keeps its own, rendered once per change of a run)."""
 
-    def describe(self) -> Iterable[Metric]: ...
+    last_error: str | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+    def describe(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+    def text_parts(self) -> list[Part]:
+        return [Part(family_text(family)) for family in _families(self)]
 
 
 class CollectorRunner:
@@ -68,7 +80,7 @@ class CollectorRunner:
             started = self._clock()
             try:
                 produced = produce(collector)
-                error = getattr(collector, "last_error", None)
+                error = collector.last_error
             except Exception as exc:  # one collector must never fail the scrape
                 produced, error = [], f"{type(exc).__name__}: {exc}"
             duration[name] = self._clock() - started
@@ -104,9 +116,7 @@ def _families(collector: Collector) -> list[Metric]:
 
 
 def _parts(collector: Collector) -> list[Part]:
-    if hasattr(collector, "text_parts"):
-        return collector.text_parts()
-    return [Part(family_text(family)) for family in _families(collector)]
+    return collector.text_parts()
 
 
 def check_renderable(families: list[Metric]) -> None:

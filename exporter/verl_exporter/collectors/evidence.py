@@ -14,10 +14,12 @@ from typing import Iterable
 
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+
 from .. import schema
 
 
-class EvidenceCollector:
+class EvidenceCollector(Collector):
     """Reads ``forensics.captured`` (run -> (time, top frame)) at scrape time."""
 
     def __init__(self, forensics):

@@ -14,10 +14,12 @@ from typing import Iterable
 
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+
 from .. import __version__, schema
 
 
-class ExporterCollector:
+class ExporterCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         return self.collect()
 

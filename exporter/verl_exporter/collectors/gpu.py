@@ -9,9 +9,11 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+from verl_exporter.collectors.job_processes import JobSelector
+from verl_exporter.gpu.backend import GpuBackend, GpuReading, GpuUnavailable
+
 from .. import schema
-from ..job import JobSelector
-from ..nvml import GpuReading, NvmlUnavailable
 
 
 @dataclass
@@ -65,7 +67,7 @@ class _Reader:
                 attempt.done.set()
 
 
-class GpuCollector:
+class GpuCollector(Collector):
     """Per-GPU series labelled ``gpu`` (index) and ``uuid``; a field NVML cannot report is left out.
 
     Emits (see docs/metrics-gpu-host.md for the full table)::
@@ -92,7 +94,8 @@ class GpuCollector:
     a timed-out read is still stuck, later scrapes do not start another one; they report failure.
     """
 
-    def __init__(self, backend: Any, *, job: JobSelector | None = None, timeout_seconds: float | None = 2.0):
+    def __init__(self, backend: GpuBackend, *, job: JobSelector | None = None,
+                 timeout_seconds: float | None = 2.0):
         self.backend = backend
         self.job = job if job is not None and job.configured else None
         self.timeout_seconds = timeout_seconds
@@ -114,7 +117,7 @@ class GpuCollector:
         self.last_error = None
         try:
             snapshot = self._read_with_deadline()
-        except NvmlUnavailable as exc:
+        except GpuUnavailable as exc:
             self.last_error = str(exc) or "NVML is unavailable"
             return []
         if snapshot is None:
@@ -142,7 +145,7 @@ class GpuCollector:
     def _read(self) -> GpuSnapshot:
         backend = self.backend
         if not backend.ensure_initialized():
-            raise NvmlUnavailable(backend.error or "NVML is unavailable")
+            raise GpuUnavailable(backend.error or "NVML is unavailable")
         count = backend.device_count()
         readings = [backend.read_device(index) for index in range(count)]
         return GpuSnapshot(

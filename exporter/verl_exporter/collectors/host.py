@@ -7,11 +7,13 @@ from typing import Any, Iterable
 import psutil
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+from verl_exporter.collectors.job_processes import JobSelector
+
 from .. import schema
-from ..job import JobSelector
 
 
-class HostCollector:
+class HostCollector(Collector):
     """Host stats from psutil; job stats when a ``JobSelector`` is configured.
 
     Emits (job series only with a configured job; the sums only while it runs; ``verl_job_running``

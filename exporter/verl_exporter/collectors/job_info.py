@@ -30,6 +30,8 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+
 from .. import schema
 
 MAX_END_LABEL = 64  # characters of a state, exit code or reason: words of Slurm's, never longer
@@ -70,7 +72,7 @@ class JobRun:
                 self.partition, self.namespace, self.pod]
 
 
-class JobInfoCollector:
+class JobInfoCollector(Collector):
     """``rows()`` gives the runs and their jobs at scrape time; ``serves_running``: it serves
     ``verl_job_running{project, experiment}`` (then no job selector of the host collector does)."""
 

@@ -22,11 +22,13 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
+from verl_exporter.collectors import Collector
+from verl_exporter.store.run_store import RunStore
+
 from .. import schema
-from ..store import RunStore
 
 
-class NodeCollector:
+class NodeCollector(Collector):
     def __init__(self, store: RunStore | None, named_run: Callable[[], tuple[str | None, str | None]],
                  max_runs: Callable[[], int] = lambda: 8,
                  job_runs: Callable[[], Iterable[tuple[str, str]]] | None = None):

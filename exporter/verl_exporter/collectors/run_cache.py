@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, Generic, TypeVar
 
-from ..records import RunKey
-from ..run_state import RunState, StoreSnapshot
-from ..store import RunStore
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_state import RunState, StoreSnapshot
+from verl_exporter.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
 Built = TypeVar("Built")

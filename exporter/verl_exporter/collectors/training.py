@@ -67,10 +67,13 @@ from typing import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .. import run_settings, schema, step_windows
+from verl_exporter import schema
+from verl_exporter.collectors import Collector
+from verl_exporter.store import run_settings, step_windows
+from verl_exporter.store.run_state import RunState, StoreSnapshot
+from verl_exporter.store.run_store import RunStore
+
 from ..exposition import Part
-from ..run_state import RunState, StoreSnapshot
-from ..store import RunStore
 from . import check_renderable
 from .run_cache import RunCache
 from .training_text import RunText
@@ -78,7 +81,7 @@ from .training_text import RunText
 RUN_LABELS = list(schema.RUN)
 
 
-class TrainingCollector:
+class TrainingCollector(Collector):
     """The training families, from one table of what a run exports (``run_families``).
 
     ``collect()`` hands them over as client_python families (OpenMetrics, ``name[]``);

@@ -16,10 +16,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from verl_exporter.store.run_state import RunState, StoreSnapshot
+from verl_exporter.store.run_store import RunStore
+
 from .. import schema
 from ..exposition import Part, escape, family_text, split_header
-from ..run_state import RunState, StoreSnapshot
-from ..store import RunStore
 from .run_cache import RunCache
 
 

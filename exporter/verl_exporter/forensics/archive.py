@@ -25,7 +25,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from ..records import RunKey
+from verl_exporter.store.records import RunKey
+
 from .report import MAX_BYTES, run_line
 
 log = logging.getLogger(__name__)

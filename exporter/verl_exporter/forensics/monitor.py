@@ -20,10 +20,11 @@ import time
 from typing import Any, Callable, Iterable
 from urllib.parse import urlencode
 
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
+
 from .. import __version__
-from ..records import RunKey
 from ..sources.open_files import OPEN_FILES, OpenFiles
-from ..store import RunStore
 from .archive import MAX_RUNS, EvidenceArchive
 from .gpus import describe_gpus
 from .logtail import read_tail

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import time
 
-from ..records import RunKey
-from ..run_state import RunState
+from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_state import RunState
+
 from .logtail import TAIL_LINES, Tail
 from .watch import Stall, duration
 

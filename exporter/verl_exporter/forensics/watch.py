@@ -28,9 +28,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..records import STEP_DURATION_KEYS, RunKey, logged_seconds
-from ..run_state import RunState
-from ..store import RunStore
+from verl_exporter.store.records import STEP_DURATION_KEYS, RunKey, logged_seconds
+from verl_exporter.store.run_state import RunState
+from verl_exporter.store.run_store import RunStore
 
 STEP_SAMPLES = 64
 MEDIAN_FACTOR = 5

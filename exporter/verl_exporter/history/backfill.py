@@ -29,12 +29,12 @@ from typing import Callable
 
 from prometheus_client.utils import floatToGoString
 
-from verl_exporter.catalog import default_catalog
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.durations import parse_duration
-from verl_exporter.records import RunKey, is_event
+from verl_exporter.config.durations import parse_duration
 from verl_exporter.sources import FORMATS
-from verl_exporter.store import RunStore
+from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.records import RunKey, is_event
+from verl_exporter.store.run_store import RunStore
 
 from .tempo import median_step_seconds, retime
 from .timeline import DEFAULT_STEP_SECONDS, FileTimeline, read_file, split_timestamp

@@ -48,8 +48,8 @@ import yaml
 from prometheus_client.utils import floatToGoString
 
 from verl_exporter import shipped
-from verl_exporter.durations import parse_duration
-from verl_exporter.records import RunKey
+from verl_exporter.config.durations import parse_duration
+from verl_exporter.store.records import RunKey
 
 from .backfill import History, add_source_arguments, build_from_args, create_blocks, escape, iso, write_openmetrics
 from .prometheus import Prometheus

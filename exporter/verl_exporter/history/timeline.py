@@ -27,8 +27,15 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from verl_exporter.records import CHECKPOINT_SAVE_KEYS, STEP_DURATION_KEYS, ParseError, Record, is_event, logged_seconds
-from verl_exporter.sources import Source, format_for
+from verl_exporter.sources import RecordsOnly, Source, format_for
+from verl_exporter.store.records import (
+    CHECKPOINT_SAVE_KEYS,
+    STEP_DURATION_KEYS,
+    ParseError,
+    Record,
+    is_event,
+    logged_seconds,
+)
 
 DEFAULT_STEP_SECONDS = 60.0
 MAX_LINE_BYTES = 1 << 20
@@ -98,7 +105,7 @@ def split_timestamp(line: str) -> tuple[float | None, str]:
     return moment.astimezone(timezone.utc).timestamp(), line[match.end():]
 
 
-class _Collector:
+class _Collector(RecordsOnly):
     """The store a ``Source`` parses into: it keeps the records instead of their latest values."""
 
     def __init__(self) -> None:

@@ -22,8 +22,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from verl_exporter.store.records import RunKey
+
 from ..collectors.job_info import JobRun
-from ..records import RunKey
 
 ENV = {
     "pod": "VERL_EXPORTER_POD_NAME",

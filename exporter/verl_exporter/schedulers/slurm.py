@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Callable, Iterable, Sequence
 
+from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.run_store import RunStore
+
 from ..collectors.job_info import JobEnd, JobRun
-from ..records import Record, RunKey
 from ..sources import Ingestor, Source
 from ..sources.open_files import OpenFiles
-from ..store import RunStore
 from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, named_uids, show_job
 from .slurm_procs import LocalJob, job_owner, scan_proc
 

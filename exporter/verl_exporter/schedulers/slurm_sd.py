@@ -33,10 +33,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .. import web_config
-from ..durations import parse_duration
+from verl_exporter.config.durations import parse_duration
+from verl_exporter.http import web_config
+from verl_exporter.http.server import ExporterHTTPServer, parse_listen_address
+
 from ..exposition import Exposition
-from ..server import ExporterHTTPServer, parse_listen_address
 
 log = logging.getLogger(__name__)
 

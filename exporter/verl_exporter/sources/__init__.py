@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol
 
-from verl_exporter.records import ParseError, Record, RunKey, clean_text, display_path
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.config_files import CONFIG_READER, ConfigReader, Result, signature
 from verl_exporter.sources.console import (
@@ -42,6 +41,7 @@ from verl_exporter.sources.run_config import (
     run_names,
 )
 from verl_exporter.sources.tail import FileFollower
+from verl_exporter.store.records import ParseError, Record, RunKey, clean_text, display_path
 
 __all__ = ["FORMATS", "Ingestor", "Source", "format_for", "run_for"]
 
@@ -54,14 +54,33 @@ WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest
 
 
 class Store(Protocol):
-    """Where records go. A store may also take ``values_dropped(source, reason, count)`` (values
-    that are no number), ``source_state(source, reason)`` (why a path cannot be read, None when it
-    can) and ``forget_source(source)``; sources are named by their display path (``\\xNN`` for
-    bytes that are not UTF-8), so a file name can never make the exposition unencodable."""
+    """Where records go, and what a source reports of its files: values that are no number
+    (``values_dropped``), why a path cannot be read (``source_state``, None when it can) and a path
+    gone (``forget_source``). Sources are named by their display path (``\\xNN`` for bytes that
+    are not UTF-8), so a file name can never make the exposition unencodable."""
 
     def ingest(self, record: Record) -> None: ...
 
     def parse_error(self, source: str, reason: str) -> None: ...
+
+    def values_dropped(self, source: str, reason: str, count: int = 1) -> None: ...
+
+    def source_state(self, source: str, reason: str | None) -> None: ...
+
+    def forget_source(self, source: str) -> None: ...
+
+
+class RecordsOnly:
+    """The part of ``Store`` a reader of whole files does without: the reports on its files are dropped."""
+
+    def values_dropped(self, source: str, reason: str, count: int = 1) -> None:
+        """Not counted."""
+
+    def source_state(self, source: str, reason: str | None) -> None:
+        """Not kept."""
+
+    def forget_source(self, source: str) -> None:
+        """Nothing to forget."""
 
 
 def format_for(path: str, fmt: str = "auto") -> str:
@@ -240,25 +259,19 @@ class Source:
         """Tell the store which paths can be read, where it takes it (the follower logs why not)."""
         status, before = dict(self.follower.status), self._reported
         self._reported = status
-        state, forget = getattr(self.store, "source_state", None), getattr(self.store, "forget_source", None)
-        if state is None or forget is None:
-            return
         try:
             for path, reason in status.items():
                 if path not in before or before[path] != reason:
-                    state(display_path(path), reason)
+                    self.store.source_state(display_path(path), reason)
             for path in before.keys() - status.keys():
-                forget(display_path(path))
+                self.store.forget_source(display_path(path))
         except Exception as exc:
             self._warn(self.pattern, f"store failed to take the state of a source: {exc!r}", now)
 
     def _count_dropped(self, source: str, reason: str) -> None:
         """A value of ``source`` the parser left out (no number), counted where the store takes it."""
-        counter = getattr(self.store, "values_dropped", None)
-        if counter is None:
-            return
         try:
-            counter(source, reason)
+            self.store.values_dropped(source, reason)
         except Exception as exc:
             self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 

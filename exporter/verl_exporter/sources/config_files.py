@@ -14,9 +14,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from verl_exporter.bounded_files import FileTooLarge, NotRegularFile, read_regular_file
-from verl_exporter.records import ParseError
+from verl_exporter.config.bounded_files import FileTooLarge, NotRegularFile, read_regular_file
 from verl_exporter.sources.run_config import MAX_CONFIG_CHARS, Scalar, flatten, read_config_text
+from verl_exporter.store.records import ParseError
 
 Signature = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
 Result = tuple[str, "dict[str, Scalar] | ParseError"]  # (path, flattened config or why not)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from verl_exporter.records import DropCounter, ParseError, check_step
+from verl_exporter.store.records import DropCounter, ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
 # wandb's files/output.log keeps at most this many characters of a line: the rest is lost, and the

@@ -9,9 +9,15 @@ from typing import Protocol
 
 
 class Source(Protocol):
-    """What the ingestor needs of a source (``sources.Source``), and its readers (``caught_up``)."""
+    """What the ingestor needs of a source (``sources.Source``): its ``pattern`` (named in the log),
+    ``poll()``, whether it is still reading a backlog (``behind``), and for /-/ready ``caught_up``."""
+
+    pattern: str
 
     def poll(self) -> int: ...
+
+    @property
+    def behind(self) -> bool: ...
 
     @property
     def caught_up(self) -> bool: ...
@@ -43,11 +49,11 @@ class Ingestor:
             except Exception:
                 if index not in self._failing:
                     self._failing.add(index)
-                    log.exception("polling %s failed", getattr(source, "pattern", source))
+                    log.exception("polling %s failed", source.pattern)
                 continue
             if index in self._failing:
                 self._failing.discard(index)
-                log.warning("polling %s works again", getattr(source, "pattern", source))
+                log.warning("polling %s works again", source.pattern)
         return total
 
     def start(self) -> None:
@@ -76,5 +82,5 @@ class Ingestor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll_all()
-            if not any(getattr(source, "behind", False) for source in self.sources):
+            if not any(source.behind for source in self.sources):
                 self._stop.wait(self.interval)

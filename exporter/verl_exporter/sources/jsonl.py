@@ -14,7 +14,7 @@ import math
 
 import orjson
 
-from verl_exporter.records import DropCounter, ParseError, check_step, clean_text, to_float
+from verl_exporter.store.records import DropCounter, ParseError, check_step, clean_text, to_float
 
 _decode = json.JSONDecoder().decode
 _FLOAT = {float}

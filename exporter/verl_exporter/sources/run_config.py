@@ -24,9 +24,9 @@ from collections import deque
 
 import yaml
 
-from verl_exporter.records import MAX_STEP, ParseError, clean_text
+from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
 from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
-from verl_exporter.yaml_files import AliasRefused, NoAliasLoader
+from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
 MAX_CONFIG_LINES = 10_000
 MAX_CONFIG_CHARS = 256 << 10  # 3 times the largest config print of the real runs (84 kB, verl 0.4 GPG)

@@ -10,10 +10,10 @@ import stat
 from collections.abc import Iterator
 from itertools import chain, repeat
 
-from verl_exporter.records import display_path
 from verl_exporter.sources.birth_time import birth_time
 from verl_exporter.sources.globs import MAX_GLOB_DIRS, MAX_MATCHES, expand, is_literal
 from verl_exporter.sources.open_files import OPEN_FILE_FLAGS, OPEN_FILES, FileHandle, OpenFiles, close_handle
+from verl_exporter.store.records import display_path
 
 log = logging.getLogger(__name__)
 

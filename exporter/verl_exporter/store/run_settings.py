@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from .catalog import Catalog
-from .records import MAX_STEP, clean_text
+from verl_exporter.store.catalog import Catalog
+from verl_exporter.store.records import MAX_STEP, clean_text
 
 MAX_LABEL_CHARS = 1024  # of a setting served as a label (a model path)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from . import schema
+from verl_exporter import schema
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 PREFIX = "verl_"

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, islice
 from operator import eq, sub
 
-from .schema import STEP_STATS
+from verl_exporter.schema import STEP_STATS
 
 RECENT = 3  # "held": the condition at each of the last RECENT steps
 WINDOW = 10  # "half-true": the median of the last WINDOW steps; also the trend windows

@@ -30,10 +30,10 @@ from typing import Protocol
 
 import h11
 
-from .http_requests import MAX_BODY_BYTES, printable, request_path, small_body
-from .web_config import WebConfig
+from verl_exporter.http.request import MAX_BODY_BYTES, printable, request_path, small_body
+from verl_exporter.http.web_config import WebConfig
 
-log = logging.getLogger("verl_exporter.server")  # the HTTP server's one log, connections and routes alike
+log = logging.getLogger("verl_exporter.http.server")  # the HTTP server's one log, connections and routes alike
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADERS = 100

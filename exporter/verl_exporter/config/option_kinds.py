@@ -7,7 +7,7 @@ import re
 import threading
 from typing import Any, Callable
 
-from .durations import DurationError, format_duration, parse_duration
+from verl_exporter.config.durations import DurationError, format_duration, parse_duration
 
 # Each type turns a value from the command line (a string; a bool for a switch, a list for a
 # repeatable option), the environment (a string) or the options file (any YAML) into the option's

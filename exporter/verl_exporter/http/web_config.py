@@ -26,8 +26,8 @@ from typing import Any
 import bcrypt
 import yaml
 
-from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
-from .yaml_files import AliasRefused, NoAliasLoader
+from verl_exporter.config.bounded_files import FileTooLarge, NotRegularFile, read_regular_file
+from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
 
 
 class WebConfigError(Exception):

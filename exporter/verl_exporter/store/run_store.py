@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from typing import cast
 
-from . import run_settings
-from .catalog import Catalog
-from .records import MAX_KEY_CHARS, Record, RunKey, is_event
-from .run_state import CheckpointState, RunState, StoreSnapshot
-from .series_names import SeriesNames
-from .step_windows import WATCHED, StepWindow
+from verl_exporter.store import run_settings
+from verl_exporter.store.catalog import Catalog
+from verl_exporter.store.records import MAX_KEY_CHARS, Record, RunKey, is_event
+from verl_exporter.store.run_state import CheckpointState, RunState, StoreSnapshot
+from verl_exporter.store.series_names import SeriesNames
+from verl_exporter.store.step_windows import WATCHED, StepWindow
 
 log = logging.getLogger(__name__)
 MAX_JOBS = 100_000  # jobs whose run is remembered for their other files (sources.pairing)

@@ -23,7 +23,8 @@ import time
 import uuid as uuidlib
 from typing import Callable
 
-from .nvml import CLOCK_EVENT_REASONS, GpuReading, NvmlUnavailable
+from verl_exporter.gpu.backend import GpuReading, GpuUnavailable
+from verl_exporter.gpu.nvml import CLOCK_EVENT_REASONS
 
 SCENARIOS = ("healthy", "idle", "old-driver", "gpu-lost", "not-supported", "library-missing", "hang", "hot")
 GIB = 1 << 30
@@ -106,7 +107,7 @@ class FakeNvmlBackend:
 
     def device_count(self) -> int:
         if not self.available:
-            raise NvmlUnavailable(self.error or "NVML is not initialised")
+            raise GpuUnavailable(self.error or "NVML is not initialised")
         return self.gpus
 
     def driver_version(self) -> str | None:

@@ -9,7 +9,7 @@ line win over the file, the file over the environment variables some options rea
 Every value is checked against its option's type wherever it comes from, so a mistyped value in
 the file (``null``, a list, ``true`` for a number) is an :class:`OptionsError` that names the
 option, at start as on a reload. Durations are written in the project's one grammar
-(:func:`verl_exporter.durations.parse_duration`: ``500ms``, ``30s``, ``1h30m``; a bare number is
+(:func:`verl_exporter.config.durations.parse_duration`: ``500ms``, ``30s``, ``1h30m``; a bare number is
 seconds) and held as floats of seconds.
 """
 
@@ -24,10 +24,23 @@ from typing import Any
 
 import yaml
 
-from . import __version__
-from .bounded_files import FileTooLarge, NotRegularFile, read_regular_file
-from .option_kinds import COUNT, DURATION, SWITCH, TEXT, Choice, Count, Duration, Kind, Paths, Switch, Text, _shown
-from .yaml_files import AliasRefused, NoAliasLoader
+from verl_exporter import __version__
+from verl_exporter.config.bounded_files import FileTooLarge, NotRegularFile, read_regular_file
+from verl_exporter.config.option_kinds import (
+    COUNT,
+    DURATION,
+    SWITCH,
+    TEXT,
+    Choice,
+    Count,
+    Duration,
+    Kind,
+    Paths,
+    Switch,
+    Text,
+    _shown,
+)
+from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
 
 DEFAULT_PORT = 9945
 SOURCE_FORMATS = ("auto", "jsonl", "console", "config")  # the formats sources.Source reads

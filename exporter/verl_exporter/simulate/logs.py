@@ -18,20 +18,15 @@ from typing import Iterator
 
 import yaml
 
-from .scenarios import (  # noqa: F401  (re-exported: the simulated run's public names)
+from verl_exporter.simulate.scenarios import (
     ALGORITHMS,
-    N_GPUS,
-    SAMPLES,
     SCENARIOS,
     STEPS_PER_EPOCH,
-    VAL_KEYS,
-    algorithm_of,
     check,
     generate_steps,
     is_validation,
     run_config,
     scale_timings,
-    step_values,
     validation_values,
 )
 
@@ -229,7 +224,7 @@ def write_file(path: str | Path, scenario: str, fmt: str, *, steps: int | None, 
 
 def _duration(text: str) -> float:
     """``--interval``: the exporter's one duration grammar (``500ms``, ``2s``; a bare number is seconds)."""
-    from .durations import DurationError, parse_duration
+    from verl_exporter.config.durations import DurationError, parse_duration
 
     try:
         if not text:

@@ -9,10 +9,11 @@ error messages. Either way the choice is logged once, when the library first ans
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
-from .amdsmi_backend import AmdSmiBackend
-from .nvml import GpuReading, NvmlBackend, NvmlUnavailable
+from verl_exporter.gpu.amdsmi import AmdSmiBackend
+from verl_exporter.gpu.backend import GpuBackend, GpuReading, GpuUnavailable
+from verl_exporter.gpu.nvml import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +27,14 @@ def _reason(error: str | None) -> str:
 
 
 class SelectedGpuBackend:
-    """NvmlBackend's interface over the first of ``candidates`` ((library, backend) pairs) that
+    """``GpuBackend`` over the first of ``candidates`` ((library, backend) pairs) that
     initialises; once one has, it is the backend for good (a node does not change GPU vendor)."""
 
-    def __init__(self, candidates: list[tuple[str, Any]], *, retry_seconds: float = 60.0):
+    def __init__(self, candidates: list[tuple[str, GpuBackend]], *, retry_seconds: float = 60.0):
         self.candidates = candidates
         self.retry_seconds = retry_seconds
         self.library: str | None = None  # "nvml" or "amdsmi" once chosen
-        self.backend: Any = None
+        self.backend: GpuBackend | None = None
         self.error: str | None = None
 
     @property
@@ -59,12 +60,12 @@ class SelectedGpuBackend:
                           f"retrying every {self.retry_seconds:g} s")
         return False
 
-    def _choose(self, library: str, backend: Any, passed_over: list[tuple[str, str | None]]) -> None:
+    def _choose(self, library: str, backend: GpuBackend, passed_over: list[tuple[str, str | None]]) -> None:
         self.library, self.backend, self.error = library, backend, None
         others = "".join(f"; {LIBRARIES[name]} did not initialise: {_reason(error)}" for name, error in passed_over)
         try:
             count: Any = backend.device_count()
-        except NvmlUnavailable:
+        except GpuUnavailable:
             count = "?"
         log.info("GPU metrics from %s: %s GPUs, driver %s%s", LIBRARIES[library], count,
                  backend.driver_version() or "unknown", others)
@@ -78,18 +79,11 @@ class SelectedGpuBackend:
 
     def shutdown(self) -> None:
         for _, backend in self.candidates:
-            backend.shutdown()
-
-    def start_xid_watcher(self) -> bool:
-        return self.backend is not None and self.backend.start_xid_watcher()
-
-    def stop_xid_watcher(self) -> None:
-        if self.backend is not None:
-            self.backend.stop_xid_watcher()
+            backend.stop()
 
     def device_count(self) -> int:
         if self.backend is None:
-            raise NvmlUnavailable(self.error or "no GPU library is initialised")
+            raise GpuUnavailable(self.error or "no GPU library is initialised")
         return int(self.backend.device_count())
 
     def driver_version(self) -> str | None:
@@ -100,7 +94,7 @@ class SelectedGpuBackend:
 
     def read_device(self, index: int) -> GpuReading:
         if self.backend is None:
-            raise NvmlUnavailable(self.error or "no GPU library is initialised")
+            raise GpuUnavailable(self.error or "no GPU library is initialised")
         return self.backend.read_device(index)
 
     def running_processes(self, index: int) -> list[tuple[int, int | None]]:
@@ -115,7 +109,7 @@ def make_backend(choice: str = "auto", *, pcie_throughput: bool = False, retry_s
     """The backend for ``--gpu.backend`` ``choice``; the modules stand in for pynvml / amdsmi in tests."""
     if choice not in BACKENDS:
         raise ValueError(f"unknown GPU backend {choice!r}; choose one of {', '.join(BACKENDS)}")
-    made = {
+    made: dict[str, Callable[[], GpuBackend]] = {
         "nvml": lambda: NvmlBackend(nvml_module, pcie_throughput=pcie_throughput, retry_seconds=retry_seconds),
         "amdsmi": lambda: AmdSmiBackend(amdsmi_module, pcie_throughput=pcie_throughput,
                                         retry_seconds=retry_seconds),

@@ -9,7 +9,7 @@
   clear message in ``error``; init is retried at most every ``retry_seconds``.
 
 XID errors arrive as NVML events: a watcher thread waits on an event set and counts them per
-(gpu, xid). ``FakeNvmlBackend`` (fake_nvml.py) offers the same interface for tests and demos.
+(gpu, xid). ``FakeNvmlBackend`` (``fake.py``) implements the same ``GpuBackend`` interface for tests and demos.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from verl_exporter.gpu.backend import GpuReading, GpuUnavailable, RetryingInit
 
 log = logging.getLogger(__name__)
 
@@ -55,45 +56,12 @@ UNSUPPORTED_ERRORS = (
 )
 
 
-class NvmlUnavailable(Exception):
-    """NVML could not be initialised (no driver, no library) or stopped answering."""
-
-
 class _GpuLost(Exception):
     """This GPU stopped answering (lost, reset required, unknown error)."""
 
 
 class _Unsupported(Exception):
     """This GPU, driver or binding cannot report the field."""
-
-
-@dataclass
-class GpuReading:
-    """One GPU at one moment; a field is None when the GPU or driver cannot report it."""
-
-    index: int
-    uuid: str = ""
-    name: str | None = None
-    pci_bus_id: str | None = None
-    up: bool = True
-    memory_total_bytes: int | None = None
-    memory_used_bytes: int | None = None
-    memory_free_bytes: int | None = None
-    memory_reserved_bytes: int | None = None
-    utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    temperature_celsius: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None
-    sm_clock_hertz: float | None = None
-    memory_clock_hertz: float | None = None
-    clock_event_reasons: dict[str, bool] | None = None
-    ecc_errors: dict[str, int] | None = None  # corrected / uncorrected, aggregate (lifetime)
-    ecc_volatile_errors: dict[str, int] | None = None  # since the last driver load
-    remapped_rows: dict[str, int] | None = None  # REMAPPED_ROW_STATES
-    pcie_replay_errors: int | None = None
-    pcie_throughput_bytes_per_second: dict[str, float] | None = None  # tx / rx
 
 
 def decode_clock_event_reasons(mask: int) -> dict[str, bool]:
@@ -110,8 +78,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class NvmlBackend:
-    """Thin wrapper over pynvml: init/shutdown, device count and per-device snapshots."""
+class NvmlBackend(RetryingInit):
+    """``GpuBackend`` over pynvml: init/shutdown, device count and per-device snapshots."""
 
     def __init__(
         self,
@@ -123,6 +91,7 @@ class NvmlBackend:
         clock: Callable[[], float] = time.monotonic,
         xid_poll_ms: int = 500,
     ):
+        super().__init__(retry_seconds=retry_seconds, clock=clock)
         self._nv: Any = None
         self._lost_errors: tuple = ()
         self._unsupported_errors: tuple = ()
@@ -130,12 +99,7 @@ class NvmlBackend:
             self._bind(nvml_module)
         self.pcie_throughput = pcie_throughput
         self.watch_xid = watch_xid
-        self.retry_seconds = retry_seconds
-        self._clock = clock
         self._xid_poll_ms = xid_poll_ms
-        self.error: str | None = None
-        self._initialized = False
-        self._last_attempt: float | None = None
         self._handles: dict[int, Any] = {}
         self._static: dict[int, tuple[str, str | None, str | None]] = {}
         self._memory_v1_only = False
@@ -153,63 +117,41 @@ class NvmlBackend:
         self._lost_errors = tuple(getattr(module, n) for n in LOST_ERRORS if hasattr(module, n))
         self._unsupported_errors = tuple(getattr(module, n) for n in UNSUPPORTED_ERRORS if hasattr(module, n))
 
-    @property
-    def available(self) -> bool:
-        return self._initialized
-
-    def ensure_initialized(self) -> bool:
-        """Initialise NVML if needed; after a failure, try again only every ``retry_seconds``."""
-        if self._initialized:
-            return True
-        now = self._clock()
-        if self._last_attempt is not None and now - self._last_attempt < self.retry_seconds:
-            return False
-        self._last_attempt = now
+    def _initialize(self) -> str | None:
         try:
             if self._nv is None:
                 self._bind(importlib.import_module("pynvml"))
             self._nv.nvmlInit()
         except ImportError as exc:
-            self.error = f"nvidia-ml-py is not installed ({exc}); GPU metrics are off"
-            return False
+            return f"nvidia-ml-py is not installed ({exc}); GPU metrics are off"
         except Exception as exc:
-            self.error = self._init_error_message(exc)
             log.debug("NVML init failed: %s", exc)
-            return False
-        self._initialized = True
-        self.error = None
+            return self._init_error_message(exc)
+        return None
+
+    def _on_initialized(self) -> None:
         self._handles.clear()
         if self.watch_xid:
             self.start_xid_watcher()
-        return True
 
     def _init_error_message(self, exc: Exception) -> str:
-        retry = f"GPU metrics are off, retrying every {self.retry_seconds:g} s"
+        retry = self.retry_note
         if isinstance(exc, getattr(self._nv, "NVMLError_LibraryNotFound", ())):
             return f"NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver visible here; {retry}"
         if isinstance(exc, getattr(self._nv, "NVMLError_DriverNotLoaded", ())):
             return f"NVIDIA driver not loaded; {retry}"
         return f"NVML init failed ({type(exc).__name__}: {exc}); {retry}"
 
-    def start(self) -> None:
-        """Initialise NVML now rather than at the first scrape (starts the XID watcher too).
-
-        A failure is not logged here: the collector runner logs it once, at the first scrape.
-        """
-        self.ensure_initialized()
-
-    def stop(self) -> None:
-        self.shutdown()
-
     def shutdown(self) -> None:
         """Stop the XID watcher and release NVML."""
         self.stop_xid_watcher()
-        if self._initialized:
-            self._initialized = False
-            try:
-                self._nv.nvmlShutdown()
-            except Exception as exc:
-                log.debug("nvmlShutdown failed: %s", exc)
+        super().shutdown()
+
+    def _shut_down_library(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
 
     def _mark_unavailable(self, exc: Exception) -> None:
         self.shutdown()
@@ -220,14 +162,14 @@ class NvmlBackend:
     # -- system ------------------------------------------------------------------------------
 
     def device_count(self) -> int:
-        """Number of GPUs NVML sees; raises NvmlUnavailable when NVML is down."""
+        """Number of GPUs NVML sees; raises GpuUnavailable when NVML is down."""
         if not self._initialized:
-            raise NvmlUnavailable(self.error or "NVML is not initialised")
+            raise GpuUnavailable(self.error or "NVML is not initialised")
         try:
             return int(self._nv.nvmlDeviceGetCount())
         except self._nv.NVMLError as exc:
             self._mark_unavailable(exc)
-            raise NvmlUnavailable(self.error) from exc
+            raise GpuUnavailable(self.error) from exc
 
     def driver_version(self) -> str | None:
         return self._optional("driver_version", lambda: _text(self._nv.nvmlSystemGetDriverVersion()))

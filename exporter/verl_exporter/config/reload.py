@@ -22,9 +22,9 @@ import dataclasses
 import logging
 import ssl
 
-from . import web_config
-from .options import Option, Options, OptionsError, changed, load_options, log_level
-from .server import parse_listen_address
+from verl_exporter.config.options import Option, Options, OptionsError, changed, load_options, log_level
+from verl_exporter.http import web_config
+from verl_exporter.http.server import parse_listen_address
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def _new_sources(app, options: Options) -> dict | None:
 
 
 def _swap_sources(app, options: Options, new: dict) -> None:
-    from .sources import Ingestor
+    from verl_exporter.sources import Ingestor
 
     wanted, added = new["wanted"], new["added"]
     app.ingestor.stop(timeout=None)  # let its round finish: no two threads read one source

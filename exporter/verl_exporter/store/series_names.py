@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from .catalog import Catalog, Resolved
-from .run_state import RunState, SeriesKey
+from verl_exporter.store.catalog import Catalog, Resolved
+from verl_exporter.store.run_state import RunState, SeriesKey
 
 MAX_NAME_OWNERS = 100_000  # series names whose first key is remembered (two keys never share a series)
 

@@ -14,8 +14,8 @@ import time
 
 import h11
 
-from .http_connection import Connection, log
-from .web_config import WebConfig
+from verl_exporter.http.connection import Connection, log
+from verl_exporter.http.web_config import WebConfig
 
 MAX_CONNECTIONS = 256
 MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written

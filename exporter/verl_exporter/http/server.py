@@ -18,11 +18,11 @@ from urllib.parse import parse_qs
 
 import h11
 
-from . import __version__, shipped
-from .exposition import Exposition
-from .http_connection import HEADER_TIMEOUT, MAX_HEADERS, WRITE_TIMEOUT
-from .http_listener import ConnectionServer
-from .web_config import WebConfig
+from verl_exporter import __version__, shipped
+from verl_exporter.exposition import Exposition
+from verl_exporter.http.connection import HEADER_TIMEOUT, MAX_HEADERS, WRITE_TIMEOUT
+from verl_exporter.http.listener import ConnectionServer
+from verl_exporter.http.web_config import WebConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .catalog import Resolved
-from .records import CHECKPOINT_SAVE_KEYS, RunKey, logged_seconds
-from .step_windows import StepWindow
+from verl_exporter.store.catalog import Resolved
+from verl_exporter.store.records import CHECKPOINT_SAVE_KEYS, RunKey, logged_seconds
+from verl_exporter.store.step_windows import StepWindow
 
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 DROPPED_SAMPLE = 16  # keys the series cap refused that a run remembers by name; the rest are counted

@@ -1,6 +1,6 @@
 """The one place that talks to AMD SMI (the ``amdsmi`` Python binding ROCm ships, for AMD Instinct GPUs).
 
-``AmdSmiBackend`` offers ``NvmlBackend``'s interface (nvml.py) and fills the same ``GpuReading``
+``AmdSmiBackend`` implements ``GpuBackend`` (backend.py) and fills the same ``GpuReading``
 fields, in the same base units, with these rules:
 
 - ``amdsmi`` is imported at the first initialisation, never at module import. A missing package, a
@@ -41,7 +41,7 @@ import math
 import time
 from typing import Any, Callable
 
-from .nvml import GpuReading, NvmlUnavailable
+from verl_exporter.gpu.backend import GpuReading, GpuUnavailable, RetryingInit
 
 log = logging.getLogger(__name__)
 
@@ -123,22 +123,18 @@ def _import_amdsmi() -> Any:
         raise RuntimeError(f"{type(exc).__name__}: {exc}" + (f"; {said}" if said else "")) from exc
 
 
-class AmdSmiBackend:
-    """NvmlBackend's interface over amdsmi: init/shutdown, device count and per-device snapshots."""
+class AmdSmiBackend(RetryingInit):
+    """``GpuBackend`` over amdsmi: init/shutdown, device count and per-device snapshots."""
 
     def __init__(self, amdsmi_module: Any = None, *, retry_seconds: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, pcie_throughput: bool = False):
+        super().__init__(retry_seconds=retry_seconds, clock=clock)
         self._smi: Any = None
         self._codes = dict(STATUS_CODES)
         self._library_errors: tuple = ()
         if amdsmi_module is not None:
             self._bind(amdsmi_module)
         self.pcie_throughput = pcie_throughput  # not sampled on AMD (amdsmi's sample takes a second)
-        self.retry_seconds = retry_seconds
-        self._clock = clock
-        self.error: str | None = None
-        self._initialized = False
-        self._last_attempt: float | None = None
         self._handles: list[Any] = []
         self._static: dict[int, tuple[str, str | None, str | None]] = {}
         self._answered: set[int] = set()
@@ -153,25 +149,9 @@ class AmdSmiBackend:
         error = getattr(module, "AmdSmiLibraryException", None)
         self._library_errors = (error,) if isinstance(error, type) else ()
 
-    @property
-    def available(self) -> bool:
-        return self._initialized
-
-    def ensure_initialized(self) -> bool:
-        """Initialise amdsmi if needed; after a failure, try again only every ``retry_seconds``."""
-        if self._initialized:
-            return True
-        now = self._clock()
-        if self._last_attempt is not None and now - self._last_attempt < self.retry_seconds:
-            return False
-        self._last_attempt = now
+    def _initialize(self) -> str | None:
         reason = self._init()
-        if reason is not None:
-            self.error = f"{reason}; GPU metrics are off, retrying every {self.retry_seconds:g} s"
-            return False
-        self._initialized = True
-        self.error = None
-        return True
+        return None if reason is None else f"{reason}; {self.retry_note}"
 
     def _init(self) -> str | None:
         """Import and initialise amdsmi and list the GPUs; the reason it failed, or None."""
@@ -204,18 +184,9 @@ class AmdSmiBackend:
         self._answered.clear()
         return None
 
-    def start(self) -> None:
-        """Initialise now rather than at the first scrape; a failure is logged by the collector runner."""
-        self.ensure_initialized()
-
-    def stop(self) -> None:
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        if self._initialized:
-            self._initialized = False
-            self._handles = []
-            self._shut_down()
+    def _shut_down_library(self) -> None:
+        self._handles = []
+        self._shut_down()
 
     def _shut_down(self) -> None:
         try:
@@ -232,9 +203,9 @@ class AmdSmiBackend:
     # -- system ------------------------------------------------------------------------------
 
     def device_count(self) -> int:
-        """Number of GPUs amdsmi listed at init; raises NvmlUnavailable while it is not initialised."""
+        """Number of GPUs amdsmi listed at init; raises GpuUnavailable while it is not initialised."""
         if not self._initialized:
-            raise NvmlUnavailable(self.error or "amdsmi is not initialised")
+            raise GpuUnavailable(self.error or "amdsmi is not initialised")
         return len(self._handles)
 
     def driver_version(self) -> str | None:
