@@ -109,3 +109,16 @@ def test_rules_command_writes_the_rules_with_another_runbook_base(installed, tmp
     text = (tmp_path / "out" / "verl-operations.rules.yml").read_text()
     assert f"runbook_url: {base}#verltrainingstalled" in text
     assert (tmp_path / "out" / "prometheusrule.yml").is_file() and (tmp_path / "out" / "RUNBOOK.md").is_file()
+
+
+def test_a_default_install_brings_py_spy_for_the_stacks_of_a_stall(installed):
+    import zipfile
+
+    [wheel] = (installed.parent.parent / "dist").glob("verl_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        requires = [line.split(":", 1)[1].strip() for line in archive.read(metadata).decode().splitlines()
+                    if line.startswith("Requires-Dist:")]
+    core = [requirement for requirement in requires if "extra ==" not in requirement]
+    assert any(requirement.startswith("py-spy") for requirement in core), requires
+    assert any(requirement.startswith("py-spy") and 'extra == "forensics"' in requirement for requirement in requires)

@@ -9,7 +9,7 @@ import pytest
 from exposition import samples, scrape
 from fake_amdsmi import ENERGY_RESOLUTION_UJ, MB, STATUS, FakeAmdSmi, install_broken_amdsmi
 from promtool import check_metrics
-from verl_exporter.cli import Exporter
+from verl_exporter.app import Exporter
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.config import options
 from verl_exporter.config.options import OptionsError, load_options

@@ -57,7 +57,7 @@ def test_the_reserved_names_are_the_schemas_with_every_sample_name():
 
 def test_everything_the_exporter_registers_is_reserved(tmp_path):
     """Drift guard: a family cli.py serves that the schema does not list would fail here."""
-    from verl_exporter.cli import Exporter
+    from verl_exporter.app import Exporter
     from verl_exporter.config.options import load_options
 
     run = tmp_path / "gsm8k" / "ppo.jsonl"

@@ -11,7 +11,7 @@ import yaml
 
 from certs import PASSWORD, password_hash, write_web_config
 from servers import http_get
-from verl_exporter.cli import Exporter
+from verl_exporter.app import Exporter
 from verl_exporter.config.options import OPTIONS, Options, load_options
 
 
@@ -284,7 +284,7 @@ def test_a_source_that_cannot_be_made_changes_nothing(app, monkeypatch, caplog):
     def broken(pattern, options):
         raise ValueError("no follower for this pattern")
 
-    monkeypatch.setattr(app, "_source", broken)
+    monkeypatch.setattr(app, "make_source", broken)
     rewrite(app, **{"log.level": "debug", "web.telemetry-path": "/other",
                     "source": [str(app.test["runs"] / "a.jsonl"), str(app.test["runs"] / "b.jsonl")]})
     assert not app.reload()

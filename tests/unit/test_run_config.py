@@ -15,7 +15,7 @@ from exposition import samples
 from exposition import scrape as scrape_collectors
 from promtool import check_metrics
 from verl_exporter import simulate
-from verl_exporter.cli import Exporter
+from verl_exporter.app import Exporter
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.config.options import load_options
 from verl_exporter.sources import Source, format_for

@@ -395,13 +395,13 @@ def test_the_job_selector_takes_the_jobs_pids():
 
 
 def test_slurm_excludes_job_flags_and_serves_job_info(tmp_path):
-    from verl_exporter.cli import Exporter
+    from verl_exporter.app import Exporter
     from verl_exporter.config.options import OptionsError, load_options
 
     with pytest.raises(OptionsError, match="--slurm"):
         Exporter(load_options(["--slurm", "--job.match", "python", "--gpu.fake", "healthy:2"]))
     app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
-    assert app.slurm is not None and "job_info" in app._collectors()
+    assert app.slurm is not None and "job_info" in app.collectors
     assert load_options(["--slurm", "--slurm.poll-interval", "2s"]).slurm_poll_interval == 2.0
 
 
@@ -475,15 +475,13 @@ def test_a_jobs_gpus_are_those_nvml_sees_its_processes_on(node):
 
 
 def test_slurm_wires_the_gpu_collector_into_the_watcher():
-    from verl_exporter.cli import Exporter
+    from verl_exporter.app import Exporter
     from verl_exporter.config.options import load_options
 
     app = Exporter(load_options(["--slurm", "--gpu.fake", "healthy:2", "--no-forensics"]))
-    collectors = app._collectors()
-    assert app.slurm.gpus_in_use == collectors["gpu"].gpus_used_by
+    assert app.slurm.gpus_in_use == app.collectors["gpu"].gpus_used_by
     no_gpu = Exporter(load_options(["--slurm", "--no-collector.gpu", "--no-forensics"]))
-    no_gpu._collectors()
-    assert no_gpu.slurm.gpus_in_use is None
+    assert "gpu" not in no_gpu.collectors and no_gpu.slurm.gpus_in_use is None
 
 
 def test_how_a_job_ended_is_served_within_bounds():

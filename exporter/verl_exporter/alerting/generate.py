@@ -66,17 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rules_main(argv: list[str] | None = None) -> int:
-    """``verl-exporter rules``: the shipped rules rendered with another runbook base, into a folder."""
-    parser = argparse.ArgumentParser(
-        prog="verl-exporter rules",
-        description="Write the alert and recording rules (and a Prometheus Operator PrometheusRule, and "
+DESCRIPTION = ("Write the alert and recording rules (and a Prometheus Operator PrometheusRule, and "
                     "RUNBOOK.md) with every runbook_url under URL, for a runbook hosted there.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``verl-exporter rules``."""
     parser.add_argument("--runbook-url", default=render.DEFAULT_RUNBOOK_URL, metavar="URL",
                         help="base of every alert's runbook_url, before #anchor (default: %(default)s, "
                              "the exporter's own /runbook)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write the files into")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``verl-exporter rules``: the shipped rules rendered with another runbook base, into a folder."""
     catalog = default_catalog()
     files = {Path(name): text for name, text in render.rule_files(catalog, runbook_url=args.runbook_url).items()}
     files[Path(render.RECORDING_RULES_FILE)] = render.recording_rules(catalog)

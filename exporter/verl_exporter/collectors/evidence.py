@@ -10,7 +10,7 @@ Only runs with evidence have series (at most the 32 latest); the frame only wher
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from prometheus_client.core import Metric
 
@@ -18,11 +18,14 @@ from verl_exporter.collectors import Collector
 
 from .. import schema
 
+if TYPE_CHECKING:
+    from verl_exporter.forensics import Forensics
+
 
 class EvidenceCollector(Collector):
     """Reads ``forensics.captured`` (run -> (time, top frame)) at scrape time."""
 
-    def __init__(self, forensics):
+    def __init__(self, forensics: Forensics):
         self.forensics = forensics
 
     def describe(self) -> Iterable[Metric]:

@@ -100,6 +100,8 @@ class GpuCollector(Collector):
         self.job = job if job is not None and job.configured else None
         self.timeout_seconds = timeout_seconds
         self.last_error: str | None = None
+        self._error: str | None = None  # why the read under way gave nothing
+        self._one_read = threading.Lock()
         self._stuck: _Attempt | None = None
         self._reader = _Reader(self._read)
         self._pids_on: dict[int, frozenset[int]] = {}  # GPU index: the pids NVML saw on it, last read
@@ -114,29 +116,35 @@ class GpuCollector(Collector):
         return self._families().values()
 
     def collect(self) -> Iterable[Metric]:
-        self.last_error = None
-        try:
-            snapshot = self._read_with_deadline()
-        except GpuUnavailable as exc:
-            self.last_error = str(exc) or "NVML is unavailable"
-            return []
-        if snapshot is None:
-            return []
-        self._pids_on = {index: frozenset(pid for pid, _ in procs) for index, procs in snapshot.processes.items()}
-        return [family for family in self._build(snapshot).values() if family.samples]
+        families, self.last_error = self.read_now()
+        return families
+
+    def read_now(self) -> tuple[list[Metric], str | None]:
+        """The GPUs' families now and why they could not be read (None when they could). A scrape
+        and the forensics share this one collector: one read at a time, each with its own answer."""
+        with self._one_read:
+            self._error = None
+            try:
+                snapshot = self._read_with_deadline()
+            except GpuUnavailable as exc:
+                return [], str(exc) or "NVML is unavailable"
+            if snapshot is None:
+                return [], self._error
+            self._pids_on = {index: frozenset(pid for pid, _ in procs) for index, procs in snapshot.processes.items()}
+            return [family for family in self._build(snapshot).values() if family.samples], None
 
     def _read_with_deadline(self) -> GpuSnapshot | None:
         if self.timeout_seconds is None:
             return self._read()
         if self._stuck is not None:
             if not self._stuck.done.is_set():
-                self.last_error = "an earlier NVML read is still stuck; skipping this scrape's read"
+                self._error = "an earlier NVML read is still stuck; skipping this scrape's read"
                 return None
             self._stuck = None
         attempt = self._reader.ask()
         if not attempt.done.wait(self.timeout_seconds):
             self._stuck = attempt
-            self.last_error = f"NVML read took longer than {self.timeout_seconds:g} s; skipped"
+            self._error = f"NVML read took longer than {self.timeout_seconds:g} s; skipped"
             return None
         if attempt.error is not None:
             raise attempt.error

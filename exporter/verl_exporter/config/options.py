@@ -20,7 +20,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -212,7 +212,7 @@ def changed(old: Options, new: Options) -> list[Option]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         """One line and exit code 2, not the whole usage text."""
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
@@ -278,6 +278,9 @@ def load_options(argv: list[str]) -> Options:
                 raise OptionsError(_file_value_error(path, from_file, option.flag, exc)) from None
             raise OptionsError(f"{where} {exc}".replace("\n", " ")) from None
     return Options(**values)
+
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s"  # logfmt, as Prometheus logs
 
 
 def log_level(options: Options) -> str:

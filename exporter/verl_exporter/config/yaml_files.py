@@ -10,7 +10,7 @@ import yaml
 class AliasRefused(yaml.YAMLError):
     """The file uses an alias (``*name``); ``mark`` says where."""
 
-    def __init__(self, mark) -> None:
+    def __init__(self, mark: yaml.Mark) -> None:
         super().__init__()
         self.mark = mark
 
@@ -18,7 +18,7 @@ class AliasRefused(yaml.YAMLError):
 class NoAliasLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that raises AliasRefused at the first alias, before expanding anything."""
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             raise AliasRefused(self.peek_event().start_mark)
         return super().compose_node(parent, index)

@@ -7,19 +7,22 @@ shown are those on which the job has a process, or every GPU where it has none (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_exporter.collectors.gpu import GpuCollector
 
 GIB = float(1 << 30)
 
 
-def describe_gpus(collector: Any, job_pids: set[int] | None) -> str:
+def describe_gpus(collector: GpuCollector, job_pids: set[int] | None) -> str:
     """Text for the GPUs ``collector`` reads now; ``job_pids`` None when no job selector is set."""
     try:
-        families = list(collector.collect())
+        families, error = collector.read_now()
     except Exception as exc:  # the collector's own errors: never the capture's
         return f"GPUs could not be read: {type(exc).__name__}: {exc}\n"
-    if getattr(collector, "last_error", None):
-        return f"GPUs could not be read: {collector.last_error}\n"
+    if error:
+        return f"GPUs could not be read: {error}\n"
     gpus: dict[str, dict] = {}
     for family in families:
         for sample in family.samples:

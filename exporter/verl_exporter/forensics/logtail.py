@@ -21,6 +21,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 TAIL_LINES = 50
 MAX_TAIL_BYTES = 64 * 1024
@@ -90,7 +91,7 @@ def read_tail(path: str, max_bytes: int = MAX_TAIL_BYTES, *, inode: tuple[int, i
     return tail
 
 
-def _read_end(handle, size: int, max_bytes: int) -> bytes:
+def _read_end(handle: BinaryIO, size: int, max_bytes: int) -> bytes:
     """The last ``max_bytes`` of the file, read backwards in blocks; a first line cut by the limit
     is left out."""
     blocks, start = [], size

@@ -17,7 +17,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import psutil
 
 TIMEOUT_SECONDS = 10.0
 BUDGET_SECONDS = 60.0
@@ -64,7 +67,7 @@ def dump_job(processes: list, *, py_spy: str | None, timeout: float = TIMEOUT_SE
     chosen = processes[:MAX_PROCESSES]
     deadline = clock() + budget
 
-    def one(process) -> tuple[str, str]:
+    def one(process: psutil.Process) -> tuple[str, str]:
         if clock() > deadline:
             return "budget", ""
         return _dump(py_spy, process.pid, timeout, run)

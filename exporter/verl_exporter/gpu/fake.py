@@ -21,7 +21,7 @@ import math
 import threading
 import time
 import uuid as uuidlib
-from typing import Callable
+from typing import Any, Callable
 
 from verl_exporter.gpu.backend import GpuReading, GpuUnavailable
 from verl_exporter.gpu.nvml import CLOCK_EVENT_REASONS
@@ -200,7 +200,7 @@ class FakeNvmlBackend:
         return [(FAKE_PID_BASE + index, 69 * GIB)]
 
 
-def fake_backend_from_spec(spec: str, **kwargs) -> FakeNvmlBackend:
+def fake_backend_from_spec(spec: str, **kwargs: Any) -> FakeNvmlBackend:
     """``"healthy:8"`` → 8 healthy fake GPUs; the count is optional (``"hot"`` means 8)."""
     scenario, _, count = spec.partition(":")
     try:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 from prometheus_client.utils import floatToGoString
 
@@ -150,7 +150,7 @@ def escape(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def write_openmetrics(history: History, out, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
+def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
                       instance: str = "backfill", keep: Callable[[str], bool] | None = None) -> int:
     """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
     ``keep``: whether a series name is written (all are without it)."""
@@ -333,16 +333,19 @@ def iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="verl-exporter backfill",
-        description="Write every step of verl logs as timestamped samples (OpenMetrics) and TSDB blocks.")
+DESCRIPTION = ("Write every step of verl logs as timestamped samples (OpenMetrics) and TSDB blocks.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``verl-exporter backfill``."""
     add_source_arguments(parser)
     parser.add_argument("--output", required=True, type=Path, metavar="DIR",
                         help=f"folder for {OPENMETRICS_FILE} and the blocks ({BLOCKS_DIR}/)")
     parser.add_argument("--no-blocks", action="store_true", help="only write OpenMetrics; print the promtool line")
     parser.add_argument("--promtool", default=shutil.which("promtool"), help="promtool binary (default: from PATH)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.scrape_interval <= 0:
         parser.error("--scrape-interval must be > 0")
     make_blocks = not args.no_blocks and bool(args.promtool)

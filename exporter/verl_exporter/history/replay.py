@@ -368,10 +368,11 @@ def _stop(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="verl-exporter replay",
-        description="Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
+DESCRIPTION = ("Evaluate alert rules over a run's history with a real Prometheus: which would have fired, when.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``verl-exporter replay``."""
     add_source_arguments(parser)
     parser.add_argument("--rules", nargs="+", type=Path, metavar="FILE",
                         help="rule files, after the sources (default: the shipped verl-*.rules.yml and "
@@ -383,7 +384,9 @@ def main(argv: list[str]) -> int:
                         help="promtool binary (default: from PATH)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="work in DIR (new or empty) and keep it (blocks, logs)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     signal.signal(signal.SIGTERM, _stop)
     rules = args.rules or shipped_rules()
     if not rules:

@@ -69,14 +69,15 @@ def accepts_gzip(accept_encoding: str) -> bool:
 class ExporterHTTPServer(ConnectionServer):
     """The exporter's routes and basic auth over ``ConnectionServer``: listens at construction
     (OSError if the address is taken); ``serve_forever()`` serves until ``shutdown()``;
-    ``server_close()`` closes the listener. ``web`` and ``telemetry_path`` may be replaced at any
-    time (a reload): each connection reads ``web`` once, when it is accepted."""
+    ``server_close()`` closes the listener. ``web`` may be replaced at any time (a reload): each
+    connection reads it once, when it is accepted. ``telemetry_path`` is a path, or a function
+    that gives the path in force (the exporter's reloadable ``--web.telemetry-path``)."""
 
-    def __init__(self, address: tuple[str, int], exposition: Exposition, telemetry_path: str,
+    def __init__(self, address: tuple[str, int], exposition: Exposition, telemetry_path: str | Callable[[], str],
                  ready: Callable[[], bool], web: WebConfig | None = None,
                  evidence: Callable[[str, str], str | None] | None = None):
         self.exposition = exposition
-        self.telemetry_path = telemetry_path
+        self._telemetry_path = telemetry_path if callable(telemetry_path) else (lambda: telemetry_path)
         self.ready = ready
         self.evidence = evidence  # (project, experiment) -> the run's evidence text, None if none; None: off
         # Without basic auth, the evidence (log lines, command lines, stacks) goes to this host's own
@@ -85,6 +86,10 @@ class ExporterHTTPServer(ConnectionServer):
         super().__init__(address, web or WebConfig(), HEADER_TIMEOUT, WRITE_TIMEOUT)
         self.render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="http-render")
         self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="http-auth")
+
+    @property
+    def telemetry_path(self) -> str:
+        return self._telemetry_path()
 
     def server_close(self) -> None:
         super().server_close()
@@ -221,7 +226,7 @@ def _landing_page(path: str) -> bytes:
     ).encode()
 
 
-def serve(address: tuple[str, int], exposition: Exposition, telemetry_path: str = "/metrics",
+def serve(address: tuple[str, int], exposition: Exposition, telemetry_path: str | Callable[[], str] = "/metrics",
           ready: Callable[[], bool] = lambda: True,
           web: WebConfig | None = None,
           evidence: Callable[[str, str], str | None] | None = None,

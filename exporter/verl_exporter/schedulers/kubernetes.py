@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from verl_exporter.store.records import RunKey
+from verl_exporter.store.run_store import RunStore
 
 from ..collectors.job_info import JobRun
 
@@ -66,7 +67,7 @@ class KubernetesPod:
 class KubernetesRuns:
     """``rows()`` for the job info collector: every run the store follows, as this pod's."""
 
-    def __init__(self, pod: KubernetesPod, store):
+    def __init__(self, pod: KubernetesPod, store: RunStore):
         self.pod = pod
         self.store = store
         self._versions: dict[RunKey, int] = {}

@@ -42,13 +42,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import zip_longest
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from verl_exporter.store.records import Record, RunKey
 from verl_exporter.store.run_store import RunStore
 
 from ..collectors.job_info import JobEnd, JobRun
-from ..sources import Ingestor, Source
+from ..sources import FileState, Ingestor, Source
 from ..sources.open_files import OpenFiles
 from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, named_uids, show_job
 from .slurm_procs import LocalJob, job_owner, scan_proc
@@ -90,8 +90,8 @@ class JobSource(Source):
     """A source of a job's output file: a run it holds is named by verl's config print, else
     ``default_run`` (the job's name and id)."""
 
-    def __init__(self, pattern: str, store, *, default_run: RunKey, both_files: bool = False,
-                 owner: int | None = None, **kwargs) -> None:
+    def __init__(self, pattern: str, store: RunStore, *, default_run: RunKey, both_files: bool = False,
+                 owner: int | None = None, **kwargs: Any) -> None:
         super().__init__(pattern, store, **kwargs)
         # The watcher reads as root: only a file of the job's own user, which Slurm creates as that
         # user, not whatever file the user's --output named (another user's log, /etc/shadow).
@@ -106,12 +106,12 @@ class JobSource(Source):
         # word, not a glob's match.
         return self.both_files or super().named
 
-    def _new_state(self, path: str):
+    def _new_state(self, path: str) -> FileState:
         state = super()._new_state(path)
         state.run = self.default_run
         return state
 
-    def _parse(self, state, line: str, now: float):
+    def _parse(self, state: FileState, line: str, now: float) -> Record | None:
         if not state.named and state.last_step is None and self.siblings:
             # The job's other file named the run (verl prints to stdout, Python's tracebacks go to
             # stderr): this file's lines are that run's.
@@ -150,7 +150,7 @@ class SlurmWatcher:
     """Finds the node's Slurm jobs and follows their output; ``rows()`` and ``pids()`` for the
     collectors. ``refresh()`` is one look (the watcher thread calls it every interval)."""
 
-    def __init__(self, store, *, proc_root: str = "/proc", scontrol: Callable[[str], str | None] = show_job,
+    def __init__(self, store: RunStore, *, proc_root: str = "/proc", scontrol: Callable[[str], str | None] = show_job,
                  interval: Callable[[], float] | float = 10.0, source_interval: float = 0.5,
                  open_files: OpenFiles | None = None, hostname: str | None = None,
                  clock: Callable[[], float] = time.time, own_pid: int | None = None):

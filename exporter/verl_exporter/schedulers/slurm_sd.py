@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from verl_exporter.config.durations import parse_duration
+from verl_exporter.config.options import LOG_FORMAT
 from verl_exporter.http import web_config
 from verl_exporter.http.server import ExporterHTTPServer, parse_listen_address
 
@@ -290,11 +291,12 @@ def _partitions(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="verl-exporter slurm-sd",
-        description="Prometheus HTTP service discovery (http_sd_configs) for verl jobs on a Slurm cluster: "
+DESCRIPTION = ("Prometheus HTTP service discovery (http_sd_configs) for verl jobs on a Slurm cluster: "
                     f"{TARGETS_PATH} lists each running job's nodes as targets, with the job as labels.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``verl-exporter slurm-sd``."""
     p.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
                    help=f"address to serve {TARGETS_PATH} and /-/healthy on (default {DEFAULT_LISTEN})")
     p.add_argument("--web.config.file", dest="web_config", default="",
@@ -313,12 +315,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scontrol", default=shutil.which("scontrol") or "scontrol",
                    help="scontrol binary (default: from PATH)")
     p.add_argument("--log.level", dest="log_level", default="info", choices=("debug", "info", "warn", "error"))
-    return p
 
 
-def main(argv: list[str], log_format: str = "%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s") -> int:
-    args_parser = parser()
-    args = args_parser.parse_args(argv)
+def run(args: argparse.Namespace, args_parser: argparse.ArgumentParser) -> int:
     try:
         address = parse_listen_address(args.listen)
         ttl, timeout = parse_duration(args.cache_ttl), parse_duration(args.timeout)
@@ -332,7 +331,7 @@ def main(argv: list[str], log_format: str = "%(asctime)s level=%(levelname)s sou
         args_parser.error(str(exc))
     if not 0 < args.exporter_port < 65536:
         args_parser.error(f"--exporter-port {args.exporter_port}: not a port")
-    logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), format=log_format)
+    logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), format=LOG_FORMAT)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -234,10 +234,11 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``verl-exporter simulate``: write a simulated verl run to a file, live."""
-    parser = argparse.ArgumentParser(prog="verl-exporter simulate",
-                                     description="Write a simulated verl training run, step by step.")
+DESCRIPTION = ("Write a simulated verl training run, step by step.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``verl-exporter simulate``."""
     parser.add_argument("--scenario", default="healthy", choices=list(SCENARIOS))
     parser.add_argument("--format", default="jsonl", choices=FORMATS, help="verl's file logger or console output")
     parser.add_argument("--output", help="file to append to (parent folders are created)")
@@ -250,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-validation", action="store_true", help="a run without validation (no end line)")
     parser.add_argument("--hydra-config", help="also write the run's config as hydra's .hydra/config.yaml here")
     parser.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``verl-exporter simulate``: write a simulated verl run to a file, live."""
     if args.list_scenarios:
         for name, description in SCENARIOS.items():
             print(f"{name:18s} {description}")
@@ -268,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``verl-exporter simulate`` on its own (``python -m``)."""
+    parser = argparse.ArgumentParser(prog="verl-exporter simulate", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv), parser)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def run_for(path: str, project: str | None = None, experiment: str | None = None
 
 
 @dataclass
-class _FileState:
+class FileState:
     path: str  # as served (display_path); the follower reads the file by the name the system gives
     run: RunKey
     fmt: str
@@ -151,9 +151,9 @@ class Source:
         self.experiment = clean_text(experiment) if experiment else experiment
         self.clock = clock
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes, open_files=open_files)
-        self._files: dict[str, _FileState] = {}
+        self._files: dict[str, FileState] = {}
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
-        self._grown: dict[str, _FileState] = {}  # config files that grew in this poll
+        self._grown: dict[str, FileState] = {}  # config files that grew in this poll
         self.config_reader = config_reader  # parses config files on its own thread
         self._configs_read: deque[Result] = deque()
         self._warned_at: dict[str, float] = {}
@@ -246,8 +246,8 @@ class Source:
         state = self._new_state(path)
         return lambda line, now: self._parse(state, line, now)
 
-    def _new_state(self, path: str) -> _FileState:
-        state = _FileState(display_path(path), run_for(path, self.project, self.experiment),
+    def _new_state(self, path: str) -> FileState:
+        state = FileState(display_path(path), run_for(path, self.project, self.experiment),
                            format_for(path, self.fmt), raw=path)
         if state.fmt != "config":
             state.job = job_of(path)
@@ -275,14 +275,14 @@ class Source:
         except Exception as exc:
             self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
 
-    def _parse(self, state: _FileState, line: str, now: float) -> Record | None:
+    def _parse(self, state: FileState, line: str, now: float) -> Record | None:
         record = self._parse_line(state, line, now)
         if record is not None and state.job:
             record.job = state.job
             record.from_path = not (state.log_named or (self.project and self.experiment))
         return record
 
-    def _parse_line(self, state: _FileState, line: str, now: float) -> Record | None:
+    def _parse_line(self, state: FileState, line: str, now: float) -> Record | None:
         if state.fmt == "config":
             self._grown[state.raw] = state  # read again, as a whole, off the ingest path
             return None
@@ -338,7 +338,7 @@ class Source:
                           line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
 
-    def _config_print(self, state: _FileState, line: str, now: float) -> Record | None | Literal[False]:
+    def _config_print(self, state: FileState, line: str, now: float) -> Record | None | Literal[False]:
         """A line of verl's config print: the run's settings once the print is complete, None while
         it goes on; False for a line that is not part of one."""
         if state.config_print is None:
@@ -396,7 +396,7 @@ class Source:
                 self._warn(path, f"store rejected a record from {path}: {exc!r}", now)
         return ingested
 
-    def _config_file_record(self, state: _FileState, flat: dict[str, Scalar], now: float) -> Record:
+    def _config_file_record(self, state: FileState, flat: dict[str, Scalar], now: float) -> Record:
         """The settings of a config file (hydra's config.yaml, or a saved config print); the run is
         the config's trainer.project_name / experiment_name."""
         names = run_names(flat)
@@ -406,7 +406,7 @@ class Source:
         state.run = RunKey(self.project or project, self.experiment or experiment)
         return Record(state.run, 0, {}, now, source=state.path, run_config=flat)
 
-    def _name_run_from_config(self, state: _FileState, line: str) -> None:
+    def _name_run_from_config(self, state: FileState, line: str) -> None:
         """verl prints its config before the first step; its trainer.project_name and
         trainer.experiment_name name the run better than the log's path (flags still win)."""
         names = dict(_CONFIG_NAME.findall(line))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
@@ -27,7 +28,7 @@ class _Statx(ctypes.Structure):
                 ("rest", ctypes.c_uint64 * 16)]
 
 
-def _load():
+def _load() -> Any:
     try:
         function = ctypes.CDLL(None, use_errno=True).statx
     except (OSError, AttributeError):

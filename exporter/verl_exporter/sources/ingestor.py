@@ -64,8 +64,8 @@ class Ingestor:
         self._thread = threading.Thread(target=self._run, name="verl-exporter-ingest", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> bool:
-        """Ask the thread to finish its round and wait for it, at most ``timeout`` seconds; False
+    def stop(self, timeout: float | None = 5.0) -> bool:
+        """Ask the thread to finish its round and wait for it, at most ``timeout`` seconds (None: until it has); False
         when it is still in its round (a read that hangs), and is left to end by itself."""
         self._stop.set()
         if self._thread is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import orjson
 
@@ -24,7 +25,7 @@ _FLOAT_OR_INT = {float, int}
 DROP_REASONS: dict[type, str] = {str: "not_a_number", dict: "object", list: "list"}  # null is NaN (orjson)
 
 
-def _loads(line: str):
+def _loads(line: str) -> Any:
     """orjson where it can (4x faster than json here); Python's json for what orjson refuses: the
     NaN and Infinity that json.dumps writes, 1e999, deep nesting, and malformed lines (for its
     error message)."""

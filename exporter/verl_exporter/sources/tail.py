@@ -17,7 +17,7 @@ from verl_exporter.store.records import display_path
 
 log = logging.getLogger(__name__)
 
-_GONE = object()  # a matched path that is no longer there: no status to report
+_GONE = "\0gone"  # a matched path that is no longer there: no status to report (no real reason is this)
 
 class FileFollower:
     """Complete new lines of every file matching ``pattern`` (a path or a glob), as ``tail -F`` would.
@@ -171,7 +171,7 @@ class FileFollower:
             self._matched = matched
         return found
 
-    def _poll_path(self, path: str, out: list[tuple[str, str]]):
+    def _poll_path(self, path: str, out: list[tuple[str, str]]) -> str | None:
         """Read ``path``; None when it could be read, else why not (or _GONE)."""
         handle = self._handles.get(path)
         try:

@@ -66,7 +66,7 @@ class RunStore:
 
     def __init__(self, catalog: Catalog, *, max_series_per_run: int = 2000, max_runs: int = 1000,
                  max_error_sources: int = 1000, retention: float = 0.0, idle_retention: float = 0.0,
-                 clock=time.time):
+                 clock: Callable[[], float] = time.time):
         self.catalog = catalog
         self.retention = retention
         self.idle_retention = idle_retention
