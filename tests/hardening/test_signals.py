@@ -271,7 +271,7 @@ def test_sighup_with_an_empty_web_config_keeps_tls_and_auth(tmp_path):
 # A reload whose read of the web config never returns (a hung network file system).
 HUNG_RELOAD_READ = """
 import sys, threading
-from verl_exporter import web_config
+from verl_exporter.http import web_config
 real = web_config.load
 calls = []
 def load(path):
