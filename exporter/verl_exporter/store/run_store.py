@@ -25,7 +25,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from operator import itemgetter
 from typing import cast
 
 from verl_exporter.store import run_settings
@@ -33,7 +32,8 @@ from verl_exporter.store.catalog import Catalog
 from verl_exporter.store.records import MAX_KEY_CHARS, Record, RunKey, is_event
 from verl_exporter.store.run_state import CheckpointState, RunState, StoreSnapshot
 from verl_exporter.store.series_names import SeriesNames
-from verl_exporter.store.step_windows import WATCHED, StepWindow
+from verl_exporter.store.source_book import SourceBook
+from verl_exporter.store.step_folding import StepFolder
 
 log = logging.getLogger(__name__)
 MAX_JOBS = 100_000  # jobs whose run is remembered for their other files (sources.pairing)
@@ -44,21 +44,6 @@ OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run an
 # job resumed from a checkpoint writes a new log, often matched by the same glob.
 OWNER_HANDOVER_SECONDS = 300.0
 PENDING_STEPS = 256  # records a run keeps for its step statistics before they are folded in
-
-
-def _numbers(column: Iterable) -> list[float | None]:
-    """The column's values as floats (None for one that is no number), converted in C where all are."""
-    try:
-        return list(map(float, column))
-    except (TypeError, ValueError, OverflowError):
-        pass
-    numbers: list[float | None] = []
-    for value in column:
-        try:
-            numbers.append(float(value))
-        except (TypeError, ValueError, OverflowError):
-            numbers.append(None)
-    return numbers
 
 
 class RunStore:
@@ -80,17 +65,13 @@ class RunStore:
         self.max_error_sources = max_error_sources
         self._runs: dict[RunKey, RunState] = {}
         self._unconverted: set[RunKey] = set()
-        self._parse_errors: Counter = Counter()
-        self._values_dropped: Counter = Counter()
-        self._sources: dict[str, str | None] = {}
-        self._unreadable = 0  # of the sources, those that cannot be read
+        self._book = SourceBook(max_error_sources)
         self._warned_sources: set[str] = set()
         self._listed = catalog.listed_keys()
         self._runs_dropped = 0
         self._lock = threading.Lock()
         self._names = SeriesNames(catalog)
-        self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
-        self._resolved: set[str] = set()  # the keys looked up for _watched
+        self._steps = StepFolder(catalog)
         self._job_runs: dict[str, RunKey] = {}  # a job's files (sources.pairing) -> the run one of them named
         self._path_runs: dict[str, RunKey] = {}  # ... -> the path's run they fed before that
         self._serial = 0  # orders the records that hold a metric the run logs under two spellings
@@ -179,58 +160,9 @@ class RunStore:
         pending = state.pending_steps
         pending.append((step, values))
         if len(pending) >= PENDING_STEPS:
-            self._fold_steps(state)
+            self._steps.fold(state)
         else:
             self._unconverted.add(state.run)
-
-    def _fold_steps(self, state: RunState) -> None:
-        """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
-
-        Records with the same watched keys (nearly all of a run's) are taken as one table: their values
-        fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
-        pending, state.pending_steps = state.pending_steps, []
-        watched, resolved, latest = self._watched, self._resolved, state.values
-        watched_keys = watched.keys()
-        tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
-        for index, (step, values) in enumerate(pending):
-            keys = values.keys()
-            if not keys <= resolved:
-                for key in keys - resolved:
-                    if key in latest:  # a key refused by the series cap is not resolved, nor remembered
-                        self._resolve_watched(key)
-            present = frozenset(keys & watched_keys)
-            if not present:
-                continue
-            table = tables.get(present)
-            if table is None:
-                order = tuple(present)
-                table = tables[present] = (order, itemgetter(*order), [], [])
-            table[2].append((index, step))
-            table[3].append(table[1](values))
-        points: dict[str, list[tuple[int, int, float]]] = {}
-        windows = state.windows
-        for order, _, steps, rows in tables.values():
-            columns = zip(*rows) if len(order) > 1 else (rows,)
-            for key, column in zip(order, columns):
-                name, scale = watched[key]
-                numbers = _numbers(column)
-                if len(tables) == 1 and None not in numbers:  # the common case: one table, all numbers
-                    window = windows.get(name)
-                    if window is None:
-                        window = windows[name] = StepWindow()
-                    floats = cast("list[float]", numbers)
-                    window.add_all([step for _, step in steps],
-                                   floats if scale == 1 else [number * scale for number in floats])
-                    continue
-                found = points.setdefault(name, [])
-                found += [(index, step, number * scale) for (index, step), number in zip(steps, numbers)
-                          if number is not None]
-        for name, found in points.items():
-            found.sort()
-            window = windows.get(name)
-            if window is None:
-                window = windows[name] = StepWindow()
-            window.add_all([step for _, step, _ in found], [number for _, _, number in found])
 
     def _follow_job(self, record: Record) -> None:
         """The files of one job feed one run (``sources.pairing``): a record of a file whose run is
@@ -273,16 +205,6 @@ class RunStore:
             state.fatal = (record.fatal, step)
         state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
 
-    def _resolve_watched(self, key: str) -> None:
-        """Remember whether ``key`` is a watched metric, with its served name and scale (bounded)."""
-        if len(self._resolved) >= 100_000:
-            return
-        resolved = self.catalog.resolve(key)
-        spec = resolved.spec
-        if spec.name in WATCHED and not resolved.label_values:
-            self._watched[key] = (spec.name, spec.scale)
-        self._resolved.add(key)
-
     def _may_feed(self, state: RunState, record: Record) -> bool:
         """Whether ``record`` may feed its run: it comes from the source that feeds the run, or it is
         ``named`` (its file or run named by the operator), or the feeding source was silent for
@@ -309,7 +231,7 @@ class RunStore:
                 and state.config_source in ("", source)):  # a config file (hydra's: no job), not a log
             state.config_source = source
             return True
-        self._count_dropped(source, OTHER_SOURCE, len(record.values) or 1)
+        self._book.count_dropped(source, OTHER_SOURCE, len(record.values) or 1)
         if source not in self._warned_sources and len(self._warned_sources) < self.max_error_sources:
             self._warned_sources.add(source)
             log.warning("%s names run %s/%s, which %s feeds: its records are not taken (name the file, or "
@@ -323,7 +245,7 @@ class RunStore:
         for key in [key for key in values if len(key) > MAX_KEY_CHARS and key in state.values]:
             del state.values[key]
             state.room = None
-            self._count_dropped(source, "key_too_long")
+            self._book.count_dropped(source, "key_too_long")
 
     def _new_run(self, record: Record) -> RunState | None:
         """A place for a run not seen yet: None for a record of a run already past its idle
@@ -443,51 +365,23 @@ class RunStore:
     def parse_error(self, source: str, reason: str = "") -> None:
         """Count one line of ``source`` that could not be read."""
         with self._lock:
-            self._count_error(source)
-
-    def _count_error(self, source: str) -> None:
-        if source not in self._parse_errors and len(self._parse_errors) >= self.max_error_sources:
-            source = "other"
-        self._parse_errors[source] += 1
+            self._book.count_error(source)
 
     def values_dropped(self, source: str, reason: str, count: int = 1) -> None:
         """Count ``count`` values of ``source`` left out for ``reason`` (not_a_number, object, ...)."""
         with self._lock:
-            self._count_dropped(source, reason, count)
-
-    def _count_dropped(self, source: str, reason: str, count: int = 1) -> None:
-        key = (source, reason)
-        if key not in self._values_dropped and len(self._values_dropped) >= self.max_error_sources:
-            key = ("other", reason)
-        self._values_dropped[key] += count
+            self._book.count_dropped(source, reason, count)
 
     def source_state(self, source: str, reason: str | None) -> None:
         """Whether ``source`` (a configured path or a glob's match) can be read: ``reason`` says why
         not, None when it can."""
         with self._lock:
-            self._unreadable += (reason is not None) - (self._sources.get(source) is not None)
-            self._sources[source] = reason
+            self._book.set_state(source, reason)
 
     def forget_source(self, source: str) -> None:
         """``source`` is no longer matched (a glob's file went away)."""
         with self._lock:
-            if source in self._sources:
-                self._unreadable -= self._sources.pop(source) is not None
-
-    def _served_sources(self) -> dict[str, str | None]:
-        """The sources' states as served: at most ``max_error_sources`` by name, the rest as one
-        ``other``, unreadable (with how many) when any of them is."""
-        sources, cap = self._sources, self.max_error_sources
-        if len(sources) <= cap:
-            return dict(sources)
-        served: dict[str, str | None] = {}
-        for name, reason in sources.items():
-            if len(served) == cap:
-                break
-            served[name] = reason
-        rest = self._unreadable - sum(reason is not None for reason in served.values())
-        served["other"] = f"{rest} more sources cannot be read" if rest else None
-        return served
+            self._book.forget(source)
 
     def snapshot(self, known: dict[RunKey, int] | None = None, since: int | None = None) -> StoreSnapshot:
         """A consistent copy of everything, for one scrape, with every series in base units.
@@ -506,8 +400,9 @@ class RunStore:
                 runs = [state.copy() for key, state in self._runs.items()
                         if known is None or known.get(key) != state.version]
                 versions = {key: state.version for key, state in self._runs.items()}
-            snapshot = StoreSnapshot(runs, dict(self._parse_errors), self._runs_dropped,
-                                     dict(self._values_dropped), self._served_sources(), dict(self._runs_expired),
+            book = self._book
+            snapshot = StoreSnapshot(runs, dict(book.parse_errors), self._runs_dropped,
+                                     dict(book.values_dropped), book.served_states(), dict(self._runs_expired),
                                      self._cap_reached, versions, self._version)
         for state in runs:
             self._names.fill_series(state)
@@ -536,7 +431,7 @@ class RunStore:
         dropped and counted as a value dropped (not_a_number) of the run's source. Fold in the steps
         waiting for the step statistics."""
         if state.pending_steps:
-            self._fold_steps(state)
+            self._steps.fold(state)
         for key, value in list(state.values.items()):
             if type(value) is float:
                 continue
@@ -544,7 +439,7 @@ class RunStore:
                 number = float(value)
             except (TypeError, ValueError, OverflowError):
                 del state.values[key]
-                self._count_dropped(state.source, "not_a_number")
+                self._book.count_dropped(state.source, "not_a_number")
                 continue
             if number - number != 0:
                 state.nonfinite[key] += 1

@@ -1,0 +1,100 @@
+"""The step statistics' input: each run's steps of the metrics the rules judge in steps, folded into
+the run's ``StepWindow`` per metric (``step_windows``). The store appends a record's values to the
+run's ``pending_steps`` as it ingests them; ``StepFolder.fold`` adds them to the windows, in bulk
+(at the next snapshot, or once ``PENDING_STEPS`` wait), so ingestion only appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+from typing import cast
+
+from verl_exporter.store.catalog import Catalog
+from verl_exporter.store.run_state import RunState
+from verl_exporter.store.step_windows import WATCHED, StepWindow
+
+MAX_RESOLVED = 100_000  # verl keys remembered as watched or not
+
+
+def _numbers(column: Iterable) -> list[float | None]:
+    """The column's values as floats (None for one that is no number), converted in C where all are."""
+    try:
+        return list(map(float, column))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    numbers: list[float | None] = []
+    for value in column:
+        try:
+            numbers.append(float(value))
+        except (TypeError, ValueError, OverflowError):
+            numbers.append(None)
+    return numbers
+
+
+class StepFolder:
+    """Which verl keys are watched metrics (with their served name and scale), and the folding."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
+        self._resolved: set[str] = set()  # the keys looked up for _watched
+
+    def fold(self, state: RunState) -> None:
+        """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
+
+        Records with the same watched keys (nearly all of a run's) are taken as one table: their values
+        fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
+        pending, state.pending_steps = state.pending_steps, []
+        watched, resolved, latest = self._watched, self._resolved, state.values
+        watched_keys = watched.keys()
+        tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
+        for index, (step, values) in enumerate(pending):
+            keys = values.keys()
+            if not keys <= resolved:
+                for key in keys - resolved:
+                    if key in latest:  # a key refused by the series cap is not resolved, nor remembered
+                        self._resolve(key)
+            present = frozenset(keys & watched_keys)
+            if not present:
+                continue
+            table = tables.get(present)
+            if table is None:
+                order = tuple(present)
+                table = tables[present] = (order, itemgetter(*order), [], [])
+            table[2].append((index, step))
+            table[3].append(table[1](values))
+        points: dict[str, list[tuple[int, int, float]]] = {}
+        windows = state.windows
+        for order, _, steps, rows in tables.values():
+            columns = zip(*rows) if len(order) > 1 else (rows,)
+            for key, column in zip(order, columns):
+                name, scale = watched[key]
+                numbers = _numbers(column)
+                if len(tables) == 1 and None not in numbers:  # the common case: one table, all numbers
+                    window = windows.get(name)
+                    if window is None:
+                        window = windows[name] = StepWindow()
+                    floats = cast("list[float]", numbers)
+                    window.add_all([step for _, step in steps],
+                                   floats if scale == 1 else [number * scale for number in floats])
+                    continue
+                found = points.setdefault(name, [])
+                found += [(index, step, number * scale) for (index, step), number in zip(steps, numbers)
+                          if number is not None]
+        for name, found in points.items():
+            found.sort()
+            window = windows.get(name)
+            if window is None:
+                window = windows[name] = StepWindow()
+            window.add_all([step for _, step, _ in found], [number for _, _, number in found])
+
+    def _resolve(self, key: str) -> None:
+        """Remember whether ``key`` is a watched metric, with its served name and scale (bounded)."""
+        if len(self._resolved) >= MAX_RESOLVED:
+            return
+        resolved = self.catalog.resolve(key)
+        spec = resolved.spec
+        if spec.name in WATCHED and not resolved.label_values:
+            self._watched[key] = (spec.name, spec.scale)
+        self._resolved.add(key)
