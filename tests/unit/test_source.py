@@ -11,6 +11,7 @@ import pytest
 
 import verl_exporter.sources as sources
 from verl_exporter.sources import Ingestor, RecordsOnly, Source, format_for, run_for
+from verl_exporter.sources.source import WARNING_INTERVAL_S
 from verl_exporter.store.records import Record, RunKey
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "sources"
@@ -185,7 +186,7 @@ def test_bad_lines_are_counted_and_warned_about_with_a_rate_limit(tmp_path, capl
 
     caplog.clear()
     _append(log, "{broken\n")
-    clock.now += sources.WARNING_INTERVAL_S
+    clock.now += WARNING_INTERVAL_S
     with caplog.at_level(logging.WARNING, logger=sources.__name__):
         source.poll()
     warnings = [r.getMessage() for r in caplog.records]
