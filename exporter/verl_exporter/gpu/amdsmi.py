@@ -41,7 +41,7 @@ import math
 import time
 from typing import Any, Callable
 
-from verl_exporter.gpu.backend import GpuReading, GpuUnavailable, RetryingInit
+from verl_exporter.gpu.backend import GpuLibrary, GpuReading, GpuUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def _import_amdsmi() -> Any:
         raise RuntimeError(f"{type(exc).__name__}: {exc}" + (f"; {said}" if said else "")) from exc
 
 
-class AmdSmiBackend(RetryingInit):
+class AmdSmiBackend(GpuLibrary):
     """``GpuBackend`` over amdsmi: init/shutdown, device count and per-device snapshots."""
 
     def __init__(self, amdsmi_module: Any = None, *, retry_seconds: float = 60.0,
@@ -136,9 +136,7 @@ class AmdSmiBackend(RetryingInit):
             self._bind(amdsmi_module)
         self.pcie_throughput = pcie_throughput  # not sampled on AMD (amdsmi's sample takes a second)
         self._handles: list[Any] = []
-        self._static: dict[int, tuple[str, str | None, str | None]] = {}
         self._answered: set[int] = set()
-        self._warned: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -243,9 +241,7 @@ class AmdSmiBackend(RetryingInit):
             elif index in self._answered:
                 raise _GpuLost("it answers none of its readings any more")
         except _GpuLost as lost:
-            uuid, name, bus_id = self._static.get(index, ("", None, None))
-            self._warn_once(f"lost:{index}", "GPU %d (%s) is lost: %s", index, uuid or "uuid unknown", lost)
-            return GpuReading(index=index, uuid=uuid, name=name, pci_bus_id=bus_id, up=False)
+            return self._lost_reading(index, lost)
         self._warned.discard(f"lost:{index}")
         return reading
 
@@ -378,8 +374,3 @@ class AmdSmiBackend(RetryingInit):
         """The first of the amdsmi ``functions`` this binding has and the GPU supports."""
         found = [getattr(self._smi, function) for function in functions if hasattr(self._smi, function)]
         return self._field(name, *[lambda fn=fn: fn(handle, *args) for fn in found])
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)

@@ -6,14 +6,16 @@
   NVML (``nvml.NvmlBackend``), amdsmi (``amdsmi.AmdSmiBackend``), the fake
   (``fake.FakeNvmlBackend``) and the choice among them (``backends.SelectedGpuBackend``) implement it.
 - ``RetryingInit``: initialisation retried at most every ``retry_seconds`` after a failure, with
-  the reason in ``error``; NVML and amdsmi both build on it.
+  the reason in ``error``; ``GpuLibrary`` adds what a real library's backend shares (a GPU's
+  identity kept for when it is lost, warnings once). NVML and amdsmi both build on it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 
 class GpuUnavailable(Exception):
@@ -149,3 +151,25 @@ class RetryingInit:
 
     def _shut_down_library(self) -> None:
         raise NotImplementedError
+
+
+class GpuLibrary(RetryingInit):
+    """A backend over a vendor library: each GPU's identity (uuid, name, PCI bus id) kept once read,
+    so a GPU that stops answering is still named, and each kind of warning logged once (in the
+    subclass's module's logger)."""
+
+    def __init__(self, *, retry_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__(retry_seconds=retry_seconds, clock=clock)
+        self._static: dict[int, tuple[str, str | None, str | None]] = {}
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logging.getLogger(type(self).__module__).warning(message, *args)
+
+    def _lost_reading(self, index: int, reason: Exception) -> GpuReading:
+        """GPU ``index`` stopped answering: its reading is down, under the identity it had."""
+        uuid, name, bus_id = self._static.get(index, ("", None, None))
+        self._warn_once(f"lost:{index}", "GPU %d (%s) is lost: %s", index, uuid or "uuid unknown", reason)
+        return GpuReading(index=index, uuid=uuid, name=name, pci_bus_id=bus_id, up=False)

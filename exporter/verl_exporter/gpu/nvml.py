@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-from verl_exporter.gpu.backend import GpuReading, GpuUnavailable, RetryingInit
+from verl_exporter.gpu.backend import GpuLibrary, GpuReading, GpuUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class NvmlBackend(RetryingInit):
+class NvmlBackend(GpuLibrary):
     """``GpuBackend`` over pynvml: init/shutdown, device count and per-device snapshots."""
 
     def __init__(
@@ -101,9 +101,7 @@ class NvmlBackend(RetryingInit):
         self.watch_xid = watch_xid
         self._xid_poll_ms = xid_poll_ms
         self._handles: dict[int, Any] = {}
-        self._static: dict[int, tuple[str, str | None, str | None]] = {}
         self._memory_v1_only = False
-        self._warned: set[str] = set()
         self._xid_counts: Counter = Counter()
         self._xid_lock = threading.Lock()
         self._xid_stop = threading.Event()
@@ -190,9 +188,7 @@ class NvmlBackend(RetryingInit):
             self._read_fields(handle, reading)
         except _GpuLost as lost:
             self._handles.pop(index, None)
-            uuid, name, bus_id = self._static.get(index, ("", None, None))
-            self._warn_once(f"lost:{index}", "GPU %d (%s) is lost: %s", index, uuid or "uuid unknown", lost)
-            return GpuReading(index=index, uuid=uuid, name=name, pci_bus_id=bus_id, up=False)
+            return self._lost_reading(index, lost)
         self._warned.discard(f"lost:{index}")
         return reading
 
@@ -318,11 +314,6 @@ class NvmlBackend(RetryingInit):
             return self._field(name, fn)
         except _GpuLost:
             return None
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
 
     # -- XID events --------------------------------------------------------------------------
 
