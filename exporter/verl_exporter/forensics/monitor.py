@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 from urllib.parse import urlencode
 
 from verl_exporter.store.records import RunKey
@@ -32,6 +32,10 @@ from .report import MAX_BYTES, render
 from .stacks import dump_job, find_py_spy, top_frame
 from .watch import Stall, StallWatch
 
+if TYPE_CHECKING:
+    from verl_exporter.collectors.gpu import GpuCollector
+    from verl_exporter.collectors.job_processes import JobSelector
+
 log = logging.getLogger(__name__)
 MAX_CAPTURES = 8
 NOT_THIS_NODE = ("not captured: this exporter follows more unfinished runs than --node.max-runs (a shared "
@@ -41,7 +45,7 @@ NOT_THIS_NODE = ("not captured: this exporter follows more unfinished runs than 
 class Forensics:
     """Checks runs for stalls (``check``) on its own thread; ``evidence`` serves what it captured."""
 
-    def __init__(self, store: RunStore, *, job: Any = None, gpu: Any = None,
+    def __init__(self, store: RunStore, *, job: JobSelector | None = None, gpu: GpuCollector | None = None,
                  node_runs: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
                  ready: Callable[[], bool] = lambda: True, stall_after: float = 600.0, interval: float = 15.0,
                  directory: str | None = None, retention: int = 50, max_bytes: int = MAX_BYTES,
