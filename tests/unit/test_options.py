@@ -229,7 +229,7 @@ def test_choices_any_case_and_the_documented_source_formats():
     assert options_module.log_level(load_options(["--log.level", "warn"])) == "WARNING"
 
 
-# -- the table, --help and the README --------------------------------------------------------------
+# -- the table, --help and docs/configuration.md ---------------------------------------------------
 
 
 def test_every_option_is_typed_and_its_default_parses_as_itself():
@@ -256,11 +256,11 @@ def test_help_shows_durations_and_what_sighup_reloads(capsys):
     assert text.count("reloaded on SIGHUP") == 1 + len([o for o in OPTIONS if o.reloadable]) + 1  # + config.file
 
 
-def test_the_readme_table_lists_every_option_and_what_sighup_does_with_it():
+def test_the_configuration_docs_table_lists_every_option_and_what_sighup_does_with_it():
     from servers import REPO
 
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| flag | default | on SIGHUP | meaning |"):]
+    docs = (REPO / "docs" / "configuration.md").read_text()
+    table = docs[docs.index("| flag | default | on SIGHUP | meaning |"):]
     rows = [row.split(" | ") for row in table[:table.index("\n\n")].splitlines()[2:]]
 
     def mentions(cells, flag):  # the flag cell names it; the simulated run's row names its options in its text
