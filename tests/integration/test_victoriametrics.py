@@ -125,7 +125,7 @@ def test_vmagent_takes_the_shipped_scrape_config_when_told_to_ignore_prometheus_
     shipped = REPO / "prometheus" / "prometheus.yml"
     strict = vmagent_check(shipped)
     assert strict.returncode != 0
-    for field in ("rule_files", "alerting", "refresh_interval"):  # as the README says
+    for field in ("rule_files", "alerting", "refresh_interval"):  # as docs/configuration.md says
         assert f"field {field} not found" in strict.stdout + strict.stderr
     lenient = vmagent_check(shipped, "-promscrape.config.strictParse=false")
     assert lenient.returncode == 0, lenient.stdout + lenient.stderr

@@ -27,7 +27,7 @@ def unit() -> configparser.ConfigParser:
 
 def test_the_exporter_takes_the_units_command_line():
     argv = shlex.split(unit()["Service"]["ExecStart"])
-    assert argv[0] == "/opt/verl-exporter/bin/verl-exporter"  # where the README installs it
+    assert argv[0] == "/opt/verl-exporter/bin/verl-exporter"  # where docs/slurm.md installs it
     options = load_options(argv[1:])
     assert options.slurm and options.web_listen_address == ":9945"
 

@@ -358,7 +358,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"wrote {samples} samples of {len(history.series)} series to {openmetrics}")
     blocks = args.output / BLOCKS_DIR
     if make_blocks:
-        print(f"wrote TSDB blocks to {blocks}/: copy them into Prometheus' --storage.tsdb.path (see README)")
+        print(f"wrote TSDB blocks to {blocks}/: copy them into Prometheus' --storage.tsdb.path (see docs/forensics.md)")
     else:
         print("make TSDB blocks with: " + " ".join(promtool_command(openmetrics, blocks)))
     return 0
