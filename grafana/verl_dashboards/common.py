@@ -39,6 +39,15 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from verl_exporter.store.catalog import MetricSpec, default_catalog
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# The SDK's string enums (enum.StrEnum) by value: their call gives the member typed as its enum, which
+# mypy also sees under Python 3.10 (without StrEnum, a member written as Enum.NAME reads as a str there).
+ABSOLUTE = ThresholdsMode("absolute")
+LEGEND_LIST = LegendDisplayMode("list")
+LEGEND_BOTTOM = LegendPlacement("bottom")
+TOOLTIP_MULTI = TooltipDisplayMode("multi")
+DASHED_AND_AREA = GraphThresholdsStyleMode("dashed+area")
+STACKED = StackingMode("normal")
+LINK_DASHBOARDS = DashboardLinkType("dashboards")
 TAGS = ["verl"]
 REFRESH = "30s"
 
@@ -104,7 +113,7 @@ def steps(base: str, *rest: tuple[float, str]) -> list[Threshold]:
 
 
 def thresholds(step_list: list[Threshold]) -> db.ThresholdsConfig:
-    return db.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(step_list)
+    return db.ThresholdsConfig().mode(ABSOLUTE).steps(step_list)
 
 
 def describe(*names: str, extra: str = "") -> str:
@@ -132,6 +141,17 @@ def query(expr: str, legend: str = "", *, ref_id: str | None = None, instant: bo
     return target
 
 
+def standing_out(pick: str, count: int, series: str, within: str = "") -> str:
+    """``series`` (one per ``job, instance``) of the ``count`` nodes ranked first by ``pick`` (topk or
+    bottomk) on their mean over the dashboard's time range, kept to the nodes in ``within`` at its end:
+    the same ``count`` lines over the whole graph (a per-step topk would draw every node that is ever
+    among them), picked once, not at every step."""
+    ranked = f"avg_over_time({series}[$__range] @ end())"
+    if within:
+        ranked = f"{ranked} and on(job, instance) {within} @ end()"
+    return f"{series} and on(job, instance) {pick}({count}, {ranked})"
+
+
 # --- variables --------------------------------------------------------------------------------------
 
 def datasource_variable() -> db.DatasourceVariable:
@@ -139,13 +159,18 @@ def datasource_variable() -> db.DatasourceVariable:
             .description("Prometheus that scrapes the verl exporters"))
 
 
-def query_variable(name: str, label: str, expr: str, *, multi: bool, description: str) -> db.QueryVariable:
-    """A variable filled by ``label_values`` on ``$datasource``; multi-valued ones offer "All" (= any)."""
+def query_variable(name: str, label: str, expr: str, *, multi: bool, description: str,
+                   all_value: str | None = ".*") -> db.QueryVariable:
+    """A variable filled by ``label_values`` on ``$datasource``; multi-valued ones offer "All": any value
+    (``all_value`` ".*"), or with ``all_value`` None every value the query found (Grafana's "All" of a
+    variable without a custom all value)."""
     variable = (db.QueryVariable(name).label(label).description(description).query(expr)
                 .datasource(DATASOURCE).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
                 .sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC))
     if multi:
-        variable = variable.multi(True).include_all(True).all_value(".*")
+        variable = variable.multi(True).include_all(True)
+        if all_value is not None:
+            variable = variable.all_value(all_value)
     return variable
 
 
@@ -172,13 +197,13 @@ def timeseries_panel(title: str, description: str, unit: str, step_list: list[Th
     panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE)
              .unit(unit).thresholds(thresholds(step_list)).span(width).height(height)
              .targets(targets).line_width(1).fill_opacity(10 if not stacked else 40).show_points(VisibilityMode.NEVER)
-             .legend(cb.VizLegendOptions().display_mode(LegendDisplayMode.LIST)
-                     .placement(LegendPlacement.BOTTOM).show_legend(True))
-             .tooltip(cb.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)))
+             .legend(cb.VizLegendOptions().display_mode(LEGEND_LIST)
+                     .placement(LEGEND_BOTTOM).show_legend(True))
+             .tooltip(cb.VizTooltipOptions().mode(TOOLTIP_MULTI)))
     if show_thresholds and len(step_list) > 1:
-        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED_AND_AREA))
+        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(DASHED_AND_AREA))
     if stacked:
-        panel = panel.stacking(cb.StackingConfig().mode(StackingMode.NORMAL))
+        panel = panel.stacking(cb.StackingConfig().mode(STACKED))
     if min_value is not None:
         panel = panel.min(min_value)
     if max_value is not None:
@@ -214,7 +239,7 @@ def new_dashboard(uid: str, title: str, description: str, variables: list, alert
     ``variables`` and the firing alerts matching the selector ``alerts_for`` as annotations."""
     dash = (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
             .refresh(REFRESH).time("now-3h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
-            .link(db.DashboardLink("verl dashboards").type(DashboardLinkType.DASHBOARDS).tags(TAGS)
+            .link(db.DashboardLink("verl dashboards").type(LINK_DASHBOARDS).tags(TAGS)
                   .as_dropdown(True).include_vars(True).keep_time(True)))
     for variable in variables:
         dash.with_variable(variable)

@@ -13,6 +13,8 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
 
+from verl_exporter.alerting import fleet
+
 from . import run_detail
 from .common import (
     DATASOURCE,
@@ -29,6 +31,7 @@ from .common import (
     run_variables,
     since_last_step_steps,
     spec,
+    standing_out,
     stat_panel,
     steps,
     thresholds,
@@ -38,6 +41,8 @@ from .common import (
 )
 
 UID = "verl-fleet"
+# The nodes a fleet panel shows beside the fleet's figure: those that stand out (top-k).
+OFFENDERS = 10
 TITLE = "verl / Fleet overview"
 BY_RUN = "project, experiment"
 
@@ -154,34 +159,43 @@ def count_stats(dash: db.Dashboard) -> None:
 
 
 def fleet_gpus(dash: db.Dashboard) -> None:
+    """The fleet's GPUs from the per-node and per-fleet recording rules (the verl-nodes group): a panel reads
+    one series for the fleet, or the ten nodes that stand out, never every GPU's raw series."""
     dash.with_row(db.Row("Fleet GPUs"))
-    scope = "All GPUs the exporters see, whichever run uses them."
+    scope = "All GPUs the exporters see, whichever run uses them (recording rules)."
     near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
+    fleet_busy = f"sum({fleet.FLEET_BUSY} * {fleet.FLEET_GPUS}) / sum({fleet.FLEET_GPUS})"
+    fleet_memory = f"sum({fleet.FLEET_MEMORY_USED}) / sum({fleet.FLEET_MEMORY_TOTAL})"
     dash.with_panel(stat_panel("GPUs up", f"GPUs answering NVML. {scope}", "none", steps(NEUTRAL),
-                               [query("sum(verl_gpu_up)", "GPUs up", instant=True)]))
+                               [query(f"sum({fleet.FLEET_GPUS_UP})", "GPUs up", instant=True)], width=4))
     dash.with_panel(stat_panel("GPUs lost", f"GPUs that stopped answering NVML. {scope}", "none",
                                steps(GREEN, (1, RED)),
-                               [query("count(verl_gpu_up == 0) or vector(0)", "GPUs lost", instant=True)]))
+                               [query(f"sum({fleet.FLEET_GPUS}) - sum({fleet.FLEET_GPUS_UP}) or vector(0)",
+                                      "GPUs lost", instant=True)], width=4))
+    dash.with_panel(stat_panel(
+        "GPUs with errors", "GPUs with any ECC error, XID error or remapped row (the GPU nodes dashboard lists "
+        f"them). {scope}", "none", steps(GREEN, (1, ORANGE)),
+        [query(f"count(group by (job, instance, gpu) ({fleet.GPU_ECC_ERRORS} or {fleet.GPU_XID_ERRORS}"
+               f" or {fleet.GPU_REMAPPED_ROWS})) or vector(0)", "GPUs with errors", instant=True)], width=4))
     dash.with_panel(stat_panel(
         "Fleet GPU utilization", f"Mean share of time a kernel ran, over all GPUs. {scope}", "percentunit",
-        steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN)),
-        [query("avg(verl_gpu_utilization_ratio)", "utilization", instant=True)], graph=True))
+        steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN)), [query(fleet_busy, "utilization", instant=True)],
+        width=6))
     dash.with_panel(stat_panel(
         "Fleet GPU memory used", f"GPU memory in use over total, all GPUs. {scope}", "percentunit",
-        steps(GREEN, (near_total, RED)),
-        [query("sum(verl_gpu_memory_used_bytes) / sum(verl_gpu_memory_total_bytes)", "memory used",
-               instant=True)], graph=True))
+        steps(GREEN, (near_total, RED)), [query(fleet_memory, "memory used", instant=True)], width=6))
+    ten = f"and the {OFFENDERS} nodes that stand out over the time range"
     dash.with_panel(timeseries_panel(
-        "GPU utilization by node", f"Mean GPU utilization of each exporter's node, and of the fleet. {scope}",
+        "GPU utilization: fleet and least busy nodes",
+        f"Mean GPU utilization of the fleet {ten} (the least busy on average; per-node recording rules). {scope}",
         "percentunit", steps(ORANGE, (run_detail.GPU_BUSY_RATIO, GREEN)),
-        [query("avg by (instance) (verl_gpu_utilization_ratio)", "{{instance}}"),
-         query("avg(verl_gpu_utilization_ratio)", "fleet")], min_value=0, max_value=1))
+        [query(standing_out("bottomk", OFFENDERS, fleet.NODE_BUSY), "{{instance}}"), query(fleet_busy, "fleet")],
+        min_value=0, max_value=1))
     dash.with_panel(timeseries_panel(
-        "GPU memory used by node", f"GPU memory in use over total, per node and for the fleet. {scope}",
-        "percentunit", steps(GREEN, (near_total, RED)),
-        [query("sum by (instance) (verl_gpu_memory_used_bytes) / sum by (instance) (verl_gpu_memory_total_bytes)",
-               "{{instance}}"),
-         query("sum(verl_gpu_memory_used_bytes) / sum(verl_gpu_memory_total_bytes)", "fleet")],
+        "GPU memory used: fleet and fullest nodes",
+        f"GPU memory in use over total for the fleet {ten} (the fullest on average; per-node recording rules). "
+        f"{scope}", "percentunit", steps(GREEN, (near_total, RED)),
+        [query(standing_out("topk", OFFENDERS, fleet.NODE_MEMORY_SHARE), "{{instance}}"), query(fleet_memory, "fleet")],
         min_value=0, max_value=1))
 
 

@@ -64,3 +64,23 @@ def substitute(expr: str, values: dict[str, str]) -> str:
         return table[name]
 
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(__\w+|[a-zA-Z]\w*)|\[\[(\w+)\]\]", replace, expr)
+
+
+# Characters Grafana's Prometheus data source escapes in each value of a multi-value variable (with two
+# backslashes: one for the PromQL string, one for the regex).
+_REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]'])")
+
+
+def variable_value(variable: dict, found: list[str], *, pick_all: bool) -> str:
+    """The value Grafana gives a query variable whose query found ``found``: "All" where the variable
+    offers it and it is picked (``pick_all``) or is the variable's default, else the first value.
+
+    "All" is the variable's custom all value, or without one every value as a regex alternation, the way
+    Grafana's Prometheus data source writes a multi-value selection.
+    """
+    is_default = (variable.get("current") or {}).get("value") == "$__all"
+    if variable.get("includeAll") and (pick_all or is_default):
+        if variable.get("allValue"):
+            return str(variable["allValue"])
+        return "(" + "|".join(_REGEX_SPECIAL.sub(r"\\\\\1", value) for value in sorted(found)) + ")"
+    return sorted(found)[0]

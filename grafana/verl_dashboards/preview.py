@@ -17,11 +17,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from . import build_all
-from .model import label_values_query, panels, substitute, variable_query, variables
+from .model import label_values_query, panels, substitute, variable_query, variable_value, variables
 
 COLOURS = {"green": "#73BF69", "orange": "#FF9830", "red": "#F2495C", "text": "#D8D9DA"}
 BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA", "#8E8E8E"
@@ -35,10 +37,10 @@ HEADER, PAD = 1.4, 0.08  # grid units above the first row (dashboard title); gap
 class Prometheus:
     """Just enough of Prometheus' HTTP API."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
 
-    def get(self, path: str, **params) -> object:
+    def get(self, path: str, **params: object) -> Any:
         query = urllib.parse.urlencode(params, doseq=True)
         with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=30) as response:
             body = json.load(response)
@@ -55,6 +57,7 @@ class Prometheus:
 
 def fill_variables(prom: Prometheus, dashboard: dict, chosen: dict[str, str] | None = None) -> dict[str, str]:
     """Each variable's value: ``chosen``, else "All" where offered, else the first value its query returns."""
+    chosen = chosen or {}
     values: dict[str, str] = {}
     for variable in variables(dashboard):
         name = variable["name"]
@@ -65,14 +68,12 @@ def fill_variables(prom: Prometheus, dashboard: dict, chosen: dict[str, str] | N
         found = sorted(prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector}))
         if not found:
             raise RuntimeError(f"variable {name} has no values: is Prometheus scraping an exporter?")
-        if name in (chosen or {}):
+        if name in chosen:
             if chosen[name] not in found:
                 raise RuntimeError(f"{name}={chosen[name]} is not one of {found}")
             values[name] = chosen[name]
-        elif variable.get("includeAll") and variable.get("allValue"):
-            values[name] = variable["allValue"]
-        else:
-            values[name] = found[0]
+        else:  # "All" where offered (a custom all value, or every value found), else the first value
+            values[name] = variable_value(variable, found, pick_all=True)
     return values
 
 
@@ -131,8 +132,8 @@ def _field(panel: dict) -> tuple[str, list]:
     return defaults.get("unit", "none"), defaults.get("thresholds", {}).get("steps", [])
 
 
-def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: float, end: float,
-                    alert_starts: list = ()) -> None:
+def draw_timeseries(ax: Any, panel: dict, prom: Prometheus, values: dict, start: float, end: float,
+                    alert_starts: Sequence[datetime] = ()) -> None:
     unit, steps = _field(panel)
     step = max(2.0, (end - start) / 240)
     colour_index = 0
@@ -170,7 +171,7 @@ def draw_timeseries(ax, panel: dict, prom: Prometheus, values: dict, start: floa
         ax.axvline(moment, color=COLOURS["red"], linewidth=0.8, alpha=0.7)
 
 
-def _time_formatter():
+def _time_formatter() -> Any:
     from matplotlib.dates import DateFormatter
 
     return DateFormatter("%H:%M")
@@ -191,7 +192,7 @@ def alert_starts(dashboard: dict, prom: Prometheus, values: dict, start: float, 
     return moments
 
 
-def draw_stat(ax, panel: dict, prom: Prometheus, values: dict) -> None:
+def draw_stat(ax: Any, panel: dict, prom: Prometheus, values: dict) -> None:
     unit, steps = _field(panel)
     result = [s for t in panel["targets"] for s in prom.instant(substitute(t["expr"], values))]
     ax.axis("off")
@@ -203,7 +204,7 @@ def draw_stat(ax, panel: dict, prom: Prometheus, values: dict) -> None:
             color=colour_for(value, steps), transform=ax.transAxes)
 
 
-def draw_table(ax, panel: dict, prom: Prometheus, values: dict) -> None:
+def draw_table(ax: Any, panel: dict, prom: Prometheus, values: dict) -> None:
     overrides = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
                  for o in panel["fieldConfig"].get("overrides", [])}
     rename = next(t["options"]["renameByName"] for t in panel["transformations"] if t["id"] == "organize")

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table, timeseries
-from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
+from grafana_foundation_sdk.models.dashboard import (
+    DataTransformerConfig,
+    DynamicConfigValue,
+    VariableHide,
+    VariableOption,
+)
 
 from verl_exporter.alerting import nodes
 
@@ -30,6 +35,7 @@ from .common import (
     metric_panel,
     new_dashboard,
     query,
+    query_variable,
     run_variables,
     since_last_step_steps,
     spec,
@@ -52,11 +58,24 @@ GPU_BUSY_RATIO = 0.5
 # The run's nodes: every exporter that serves verl_node_run_info for it (the head, from the logs it
 # follows, and the workers, from --project/--experiment); not one that reads a shared log directory.
 RUN_NODES = f"group by (instance) (verl_node_run_info{{{RUN}}})"
+# The same nodes as a selector: the hidden ``instance`` variable holds them all (Grafana's "All" of a
+# variable without a custom all value is the regex of its values), so a GPU panel reads the run's GPUs
+# only, not every GPU of the fleet before the join.
+NODES = 'instance=~"$instance"'
 
 
 def run_gpus(expr: str) -> str:
-    """``expr`` (a per-GPU or per-node series) restricted to the run's nodes (joined on ``instance``)."""
-    return f"({expr}) * on(instance) group_left() {RUN_NODES}"
+    """``expr`` (a per-GPU or per-node series, selected with ``{nodes}``) restricted to the run's nodes: read on
+    the nodes the ``instance`` variable lists only, then joined on ``instance`` to those that work for the run."""
+    return f"({expr.format(nodes=NODES)}) * on(instance) group_left() {RUN_NODES}"
+
+
+def nodes_variable() -> db.QueryVariable:
+    """``instance``: every node of the run, all selected, hidden (it narrows the GPU queries)."""
+    return (query_variable("instance", "Nodes", f"label_values(verl_node_run_info{{{RUN}}}, instance)", multi=True,
+                           description="Every exporter that works for the run (verl_node_run_info)", all_value=None)
+            .current(VariableOption(selected=True, text="All", value="$__all"))
+            .hide(VariableHide.HIDE_VARIABLE))
 
 
 def by_phase(pattern: str) -> str:
@@ -67,7 +86,8 @@ def by_phase(pattern: str) -> str:
             f'"verl_{pattern.format(phases="(.+)")}")')
 
 
-def several(names: list[str], title: str, *, width: int = 6, extra: str = "", colour_from: str | None = None):
+def several(names: list[str], title: str, *, width: int = 6, extra: str = "",
+            colour_from: str | None = None) -> timeseries.Panel:
     """A panel of several catalogued series of the run (same unit), legends are their verl keys."""
     step_list = healthy_steps(colour_from) if colour_from else steps(NEUTRAL)
     return timeseries_panel(title, describe(*names, extra=extra), unit_of(names[0]), step_list,
@@ -199,7 +219,7 @@ def memory_row(dash: db.Dashboard) -> None:
                        "near (halve ppo_mini_batch_size, enable gradient checkpointing or dynamic batch size)."),
         "percentunit", steps(GREEN, (near_total, RED)),
         [query(f"max(verl_perf_max_memory_allocated_bytes{{{RUN}}}) / "
-               f"min({run_gpus('verl_gpu_memory_total_bytes')})", "peak allocated / GPU memory")],
+               f"min({run_gpus('verl_gpu_memory_total_bytes{{{nodes}}}')})", "peak allocated / GPU memory")],
         width=8, min_value=0, max_value=1))
     dash.with_panel(metric_panel("verl_perf_cpu_memory_used_bytes", "CPU memory of the trainer", RUN, width=8,
                                  legend="after the {{role}} update"))
@@ -208,10 +228,11 @@ def memory_row(dash: db.Dashboard) -> None:
 def nodes_table() -> table.Panel:
     """One row per node of the run: its GPUs, their mean utilisation and power, the job's processes."""
     cols = [
-        ("GPUs", run_gpus("count by (instance) (verl_gpu_up)"), "none"),
-        ("GPU utilization", run_gpus("avg by (instance) (verl_gpu_utilization_ratio)"), "percentunit"),
-        ("GPU power", run_gpus("sum by (instance) (verl_gpu_power_watts)"), "watt"),
-        ("Job processes", run_gpus("sum by (instance) (verl_job_processes)") + f" or 0 * {RUN_NODES}", "none"),
+        ("GPUs", run_gpus("count by (instance) (verl_gpu_up{{{nodes}}})"), "none"),
+        ("GPU utilization", run_gpus("avg by (instance) (verl_gpu_utilization_ratio{{{nodes}}})"), "percentunit"),
+        ("GPU power", run_gpus("sum by (instance) (verl_gpu_power_watts{{{nodes}}})"), "watt"),
+        ("Job processes", run_gpus("sum by (instance) (verl_job_processes{{{nodes}}})") + f" or 0 * {RUN_NODES}",
+         "none"),
     ]
     ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
     job = f"max by (instance, job_id, user, partition) (verl_job_info{{{RUN}}})"  # the scheduler's job, per node
@@ -268,27 +289,27 @@ def gpus_row(dash: db.Dashboard) -> None:
     join = "Every node of the run (joined on instance through verl_node_run_info)."
     dash.with_panel(timeseries_panel(
         "GPU utilization", f"Share of time a kernel ran on each GPU (NVML). {join}", "percentunit",
-        steps(ORANGE, (GPU_BUSY_RATIO, GREEN)), [query(run_gpus("verl_gpu_utilization_ratio"), GPU_LEGEND)],
+        steps(ORANGE, (GPU_BUSY_RATIO, GREEN)), [query(run_gpus("verl_gpu_utilization_ratio{{{nodes}}}"), GPU_LEGEND)],
         min_value=0, max_value=1))
     near_total = spec("verl_perf_max_memory_allocated_bytes").thresholds["near_total_ratio"]
     dash.with_panel(timeseries_panel(
         "GPU memory used", f"GPU memory in use over total, per GPU (NVML). {join}", "percentunit",
         steps(GREEN, (near_total, RED)),
-        [query(run_gpus("verl_gpu_memory_used_bytes / verl_gpu_memory_total_bytes"), GPU_LEGEND)],
+        [query(run_gpus("verl_gpu_memory_used_bytes{{{nodes}}} / verl_gpu_memory_total_bytes{{{nodes}}}"), GPU_LEGEND)],
         min_value=0, max_value=1))
     dash.with_panel(timeseries_panel(
         "GPU temperature", f"GPU core temperature. {join}", "celsius",
         steps(GREEN, (GPU_HOT_CELSIUS, ORANGE), (GPU_CRITICAL_CELSIUS, RED)),
-        [query(run_gpus("verl_gpu_temperature_celsius"), GPU_LEGEND)]))
+        [query(run_gpus("verl_gpu_temperature_celsius{{{nodes}}}"), GPU_LEGEND)]))
     dash.with_panel(timeseries_panel(
         "GPU power", f"GPU power draw. {join}", "watt", steps(NEUTRAL),
-        [query(run_gpus("verl_gpu_power_watts"), GPU_LEGEND)]))
+        [query(run_gpus("verl_gpu_power_watts{{{nodes}}}"), GPU_LEGEND)]))
 
 
 def build() -> dict:
     """The run detail dashboard as Grafana JSON."""
     dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.",
-                         [datasource_variable(), *run_variables(multi=False)], RUN)
+                         [datasource_variable(), *run_variables(multi=False), nodes_variable()], RUN)
     for row in (progress_row, policy_row, critic_row, performance_row, rewards_row, lengths_row, timing_row,
                 rollout.rollout_row, validation_row, memory_row, gpus_row):
         row(dash)

@@ -119,6 +119,28 @@ def selector_rule(dashboard: dict) -> list[str]:
     return problems
 
 
+# A GPU's raw series (not a recording rule, whose name has colons), and the selector after it.
+_RAW_GPU_SERIES = re.compile(r"(?<![\w:])(verl_gpu_\w+)(?![\w:])(\{[^}]*\})?")
+
+
+def scale_rule(dashboard: dict) -> list[str]:
+    """A panel reads GPUs' raw series (``verl_gpu_*``) only on the nodes the ``instance`` variable picks: an
+    overview reads the recording rules (per node, run or fleet), so that no panel touches every GPU of a
+    fleet of a thousand nodes to draw a few lines."""
+    problems = []
+    for title, target in targets(dashboard):
+        expr = target.get("expr", "")
+        for name, selector in _RAW_GPU_SERIES.findall(expr):
+            if not re.search(r'\binstance\s*=~?\s*"\$instance"', selector or ""):
+                problems.append(f"panel {title!r} reads {name} of every node (no instance=\"$instance\"): {expr}")
+    reads_raw = any(_RAW_GPU_SERIES.search(target.get("expr", "")) for _, target in targets(dashboard))
+    for variable in variables(dashboard):
+        if reads_raw and variable.get("name") == "instance" and variable.get("includeAll") and variable.get("allValue"):
+            problems.append(f"variable 'instance' offers All as {variable['allValue']!r}: a panel would read every "
+                            "node's GPUs; pick one node, or all of a run's (All without a custom value)")
+    return problems
+
+
 def variables_defined_rule(dashboard: dict) -> list[str]:
     """Every ``$variable`` a query uses is defined on the dashboard (or is one of Grafana's)."""
     defined = {v.get("name") for v in variables(dashboard)} | BUILTIN_VARIABLES
@@ -150,7 +172,7 @@ def identity_rule(dashboard: dict) -> list[str]:
     return problems
 
 
-RULES = (datasource_rule, run_variables_rule, panel_rule, rate_interval_rule, selector_rule,
+RULES = (datasource_rule, run_variables_rule, panel_rule, rate_interval_rule, selector_rule, scale_rule,
          variables_defined_rule, identity_rule)
 
 

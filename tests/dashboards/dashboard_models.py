@@ -19,12 +19,13 @@ from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
     panels,
     substitute,
     variable_query,
+    variable_value,
     variables,
 )
 from verl_dashboards.model import targets as _targets  # noqa: E402
 
 __all__ = ["REPO", "DASHBOARDS_DIR", "load_dashboards", "panels", "targets", "variables", "variable_query",
-           "substitute", "label_values_query"]
+           "substitute", "label_values_query", "variable_value"]
 
 
 def load_dashboards() -> dict[str, dict]:

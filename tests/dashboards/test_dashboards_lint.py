@@ -7,7 +7,15 @@ import json
 import re
 
 import pytest
-from dashboard_lint import lint, lint_set, panel_rule, rate_interval_rule, selector_rule, variables_defined_rule
+from dashboard_lint import (
+    lint,
+    lint_set,
+    panel_rule,
+    rate_interval_rule,
+    scale_rule,
+    selector_rule,
+    variables_defined_rule,
+)
 from dashboard_models import DASHBOARDS_DIR, REPO, load_dashboards, panels, targets
 
 import verl_dashboards
@@ -68,6 +76,24 @@ def test_lint_catches_a_fixed_rate_window():
     assert any("not $__rate_interval" in p for p in rate_interval_rule(broken))
     target["expr"] = "sum(rate(verl_gpu_energy_joules_total{gpu='0'}[1m]))"
     assert rate_interval_rule(broken)
+
+
+def test_lint_catches_a_panel_that_reads_every_gpu_of_the_fleet():
+    for filename in ("fleet-overview.json", "gpu-nodes.json", "run-detail.json"):
+        assert scale_rule(DASHBOARDS[filename]) == []
+    broken = copy.deepcopy(DASHBOARDS["fleet-overview.json"])
+    target = _first_panel_with(broken, r"job:verl_gpus_up:sum")["targets"][0]
+    target["expr"] = "sum(verl_gpu_up)"
+    assert any("reads verl_gpu_up of every node" in p for p in scale_rule(broken))
+    gpu = copy.deepcopy(DASHBOARDS["gpu-nodes.json"])
+    node = next(v for v in gpu["templating"]["list"] if v["name"] == "instance")
+    node.update(includeAll=True, allValue=".*")
+    assert any("offers All" in p for p in scale_rule(gpu))
+    run = copy.deepcopy(DASHBOARDS["run-detail.json"])
+    selected = 'verl_gpu_power_watts{instance=~"$instance"}'
+    target = next(t for t in _first_panel_with(run, re.escape(selected))["targets"] if selected in t["expr"])
+    target["expr"] = target["expr"].replace(selected, "verl_gpu_power_watts")
+    assert scale_rule(run)
 
 
 def test_lint_catches_missing_unit_description_and_thresholds():

@@ -1,6 +1,8 @@
 """Every dashboard query returns data from the real exporter through a real Prometheus.
 
-One exporter follows a simulated PPO run with 8 fake GPUs; Debian's Prometheus scrapes it every
+One exporter follows a simulated PPO run with 8 fake GPUs (the ``hot`` fake: GPU 0 runs hot with ECC
+and XID errors and a remapped-row failure, so the panels of the GPUs that have any show one); Debian's
+Prometheus scrapes it every
 second and evaluates one test alert that fires at once (so ``ALERTS`` has a firing series labelled
 with the run, as the shipped alerts have). Variables are filled the way Grafana fills them: each
 variable's own query runs first and its first value is used.
@@ -14,7 +16,15 @@ import time
 import urllib.parse
 
 import pytest
-from dashboard_models import label_values_query, load_dashboards, panels, substitute, variable_query, variables
+from dashboard_models import (
+    label_values_query,
+    load_dashboards,
+    panels,
+    substitute,
+    variable_query,
+    variable_value,
+    variables,
+)
 
 from metrics_server import MetricsServer
 from servers import prom_query, start_exporter, start_prometheus, wait_until
@@ -54,7 +64,7 @@ def prometheus(tmp_path_factory):
     rollout = MetricsServer(VLLM_METRICS)
     scheduler = MetricsServer(JOB_INFO)
     with rollout, scheduler, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2",
-                                            "--simulate.dir", str(tmp / "runs"), "--gpu.fake", "healthy:8") as exporter:
+                                            "--simulate.dir", str(tmp / "runs"), "--gpu.fake", "hot:8") as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules.name, recording.name],
@@ -96,8 +106,8 @@ def run_query(prom, expr: str, *, instant: bool) -> list:
 
 
 def fill_variables(prom, dashboard: dict, *, pick_all: bool) -> dict[str, str]:
-    """Each query variable's values from Prometheus, in dashboard order; the first value is used, or
-    with ``pick_all`` the "All" value where the variable offers it."""
+    """Each query variable's values from Prometheus, in dashboard order, as Grafana picks them: the first
+    value, or "All" where the variable offers it and ``pick_all`` asks for it or it is the variable's default."""
     values: dict[str, str] = {}
     for variable in variables(dashboard):
         if variable["type"] == "datasource":
@@ -106,8 +116,7 @@ def fill_variables(prom, dashboard: dict, *, pick_all: bool) -> dict[str, str]:
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector})
         assert found, f"variable {variable['name']!r} ({variable_query(variable)}) has no values"
-        all_value = variable.get("allValue") if variable.get("includeAll") else None
-        values[variable["name"]] = all_value if pick_all and all_value else sorted(found)[0]
+        values[variable["name"]] = variable_value(variable, found, pick_all=pick_all)
     return values
 
 

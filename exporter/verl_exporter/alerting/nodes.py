@@ -27,6 +27,7 @@ shared node too.
 
 from __future__ import annotations
 
+from . import fleet
 from .model import run_query, sub
 
 NODES = "run_instance:verl_node_run_info:unfinished"
@@ -96,15 +97,20 @@ def per_run(per_target: str, nodes: str = NODES) -> str:
                per_target=per_target, nodes=nodes)
 
 
-# Per-run figures over every node of the run: (recorded name, aggregation per target, metric);
-# "avg" is the sum over the run's GPUs or hosts divided by their count.
-FIGURES = (
+# Per-run GPU figures over every node of the run (the verl-run-gpus group): (recorded name, aggregation
+# per target, metric); "avg" is the sum over the run's GPUs divided by their count. A node's part is its
+# figure recorded by the verl-nodes group (fleet.py), so that the group reads a GPU's raw series only
+# for the GPUs a scheduler gave a job (JOB_GPUS).
+GPU_FIGURES = (
     ("project_experiment:verl_gpus:count", "count", "verl_gpu_up"),
     ("project_experiment:verl_gpus_up:sum", "sum", "verl_gpu_up"),
     ("project_experiment:verl_gpu_utilization_ratio:avg", "avg", "verl_gpu_utilization_ratio"),
     ("project_experiment:verl_gpu_memory_used_bytes:sum", "sum", "verl_gpu_memory_used_bytes"),
     ("project_experiment:verl_gpu_memory_total_bytes:sum", "sum", "verl_gpu_memory_total_bytes"),
     ("project_experiment:verl_gpu_power_watts:sum", "sum", "verl_gpu_power_watts"),
+)
+# Per-run host and job figures, and the run's median GPU (the verl-fleet group).
+FIGURES = (
     ("project_experiment:verl_host_cpu_utilization_ratio:avg", "avg", "verl_host_cpu_utilization_ratio"),
     ("project_experiment:verl_host_memory_used_bytes:sum", "sum", "verl_host_memory_used_bytes"),
     ("project_experiment:verl_job_processes:sum", "sum", "verl_job_processes"),
@@ -112,16 +118,21 @@ FIGURES = (
     ("project_experiment:verl_job_running_nodes:sum", "max", "verl_job_running"),
     (RUN_MEDIAN_BUSY, "median", RUN_GPU_BUSY),
 )
+RUN_GPUS_GROUP = "verl-run-gpus"
 
 
 def per_gpu_run(aggregation: str, metric: str) -> str:
     """A GPU figure over the runs' own GPUs (``JOB_GPUS``) where the node knows them, else over the whole
-    node (its ``NODES`` runs), summed per run."""
-    return sub("sum by (project, experiment) ("
-               "${aggregation} by (job, instance, project, experiment) (max by (job, instance, gpu) (${metric})"
-               " * on(job, instance, gpu) group_right() ${JOB_GPUS})"
-               " or ${aggregation} by (job, instance) (${metric}) * on(job, instance) group_right()"
-               " (${NODES} unless on(job, instance) ${JOB_GPUS}))", aggregation=aggregation, metric=metric)
+    node (its ``NODES`` runs, the node's recorded figure), summed per run. The GPUs of a job are counted
+    from ``JOB_GPUS`` itself, which holds only GPUs the node serves."""
+    if (aggregation, metric) == ("count", "verl_gpu_up"):
+        job_gpus = "count by (job, instance, project, experiment) (${JOB_GPUS})"
+    else:
+        job_gpus = ("${aggregation} by (job, instance, project, experiment) (max by (job, instance, gpu) (${metric})"
+                    " * on(job, instance, gpu) group_right() ${JOB_GPUS})")
+    return sub("sum by (project, experiment) (" + job_gpus + " or ${per_node} * on(job, instance) group_right()"
+               " (${NODES} unless on(job, instance) ${JOB_GPUS}))",
+               aggregation=aggregation, metric=metric, per_node=fleet.NODE_FIGURES[aggregation, metric])
 
 
 def figure(aggregation: str, metric: str) -> str:
@@ -135,7 +146,8 @@ def figure(aggregation: str, metric: str) -> str:
 
 
 def recording_rules() -> list[dict]:
-    """Rules of the verl-fleet group that come first: the run's nodes, then per-run GPU and host figures."""
+    """Rules of the verl-fleet group that come first: the run's nodes, the stragglers' figures, then per-run
+    host and job figures."""
     return [
         {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
         {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
@@ -149,3 +161,11 @@ def recording_rules() -> list[dict]:
          "expr": sub("avg by (job, instance, project, experiment) (${busy})", busy=RUN_GPU_BUSY)},
         *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
     ]
+
+
+def run_gpu_groups() -> list[dict]:
+    """The verl-run-gpus group: per-run GPU figures over every node of each run, from the per-node figures
+    of the verl-nodes group and the runs' nodes of the verl-fleet group."""
+    return [{"name": RUN_GPUS_GROUP,
+             "rules": [{"record": record, "expr": figure(aggregation, metric)}
+                       for record, aggregation, metric in GPU_FIGURES]}]

@@ -17,7 +17,7 @@ import yaml
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.catalog import Catalog, default_catalog
 
-from . import anomaly, mismatch, model, nodes, rollout, settings, system, training
+from . import anomaly, fleet, mismatch, model, nodes, rollout, settings, system, training
 from .departures import DEPARTURES
 from .model import Alert, Group, fill, scale_duration, scale_expr
 
@@ -163,7 +163,8 @@ def with_interval(group: dict, time_scale: float) -> dict:
 def recording_rules(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_range: float = 0.0) -> str:
     """recording-rules.yml."""
     catalog = catalog or default_catalog()
-    groups = system.recording_rules() + rollout.recording_rules() + anomaly.recording_rules()
+    groups = (fleet.recording_rules() + system.recording_rules() + nodes.run_gpu_groups()
+              + rollout.recording_rules() + anomaly.recording_rules())
     for group in groups:
         for entry in group["rules"]:
             entry["expr"] = layout(scale_expr(filled(entry["expr"], catalog), time_scale, min_range))
