@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, BenchmarkError, environment, print_table, write_json  # noqa: E402
 
-BENCHMARKS = ("scrape", "ingest", "overhead", "rules", "fleet")
+BENCHMARKS = ("scrape", "ingest", "overhead", "rules", "fleet", "dashboards")
 # The rule files before the fleet-scale changes (shared sub-expressions), for the rules benchmark.
 RULE_REFERENCE = "875ae66"
 
@@ -100,6 +100,12 @@ def run_one(name: str, args: argparse.Namespace, work: Path):
         import bench_fleet
 
         return bench_fleet.run(work, args.cache, **(bench_fleet.QUICK if args.quick else bench_fleet.FULL))
+    if name == "dashboards":  # its own sizes: bench_dashboards.py --help (1,000 nodes, 200 runs, 3 h)
+        import bench_dashboards
+
+        sizes = bench_dashboards.QUICK if args.quick else bench_dashboards.FULL
+        return bench_dashboards.run(work, args.cache, **sizes, backends=("prometheus", "victoriametrics", "memory"),
+                                    rounds=2 if args.quick else 8)
     if name == "overhead":
         import bench_overhead
 
