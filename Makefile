@@ -55,7 +55,8 @@ test: install tools slurm-tools lint
 	$(PY) -m pytest -q
 
 # Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
-# rule evaluation at scale, a fleet of runs. Prints tables and writes bench-results/*.json. About 20 minutes.
+# rule evaluation at scale, a fleet of runs, the dashboards and rule groups at 1,000 nodes. Prints tables and
+# writes bench-results/*.json. About 35 minutes.
 bench: install tools
 	$(PY) tests/benchmarks/run.py
 
