@@ -5,6 +5,7 @@ before a real job of ``nobody``: the real job is followed at the first look."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 
 import pytest
@@ -12,6 +13,7 @@ from test_slurm_sd_hostile import let_others_in, running, submit
 
 from servers import wait_until
 from verl_exporter.schedulers.slurm import SlurmWatcher
+from verl_exporter.schedulers.slurm_procs import LocalJob, scan_proc
 from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.run_store import RunStore
 
@@ -30,6 +32,11 @@ def test_made_up_job_ids_of_another_user_do_not_delay_a_real_job(slurm, tmp_path
     try:
         job = submit(slurm, b"verl-real")  # nobody's, started after every claimant
         wait_until(lambda: job in running(slurm), timeout=30, message="the real job running")
+        # Slurm calls a job running before slurmd has started its script: the look is taken once
+        # the job's own process (nobody's) is there to be seen.
+        nobody = pwd.getpwnam("nobody").pw_uid
+        wait_until(lambda: nobody in scan_proc().get(job, LocalJob()).uids, timeout=30,
+                   message="the real job's process on this node")
         watcher = SlurmWatcher(RunStore(default_catalog()), interval=60.0)
         watcher.refresh()  # one look
         assert job in watcher.jobs, f"job {job} not followed at the first look among {CLAIMS} made-up ids"
