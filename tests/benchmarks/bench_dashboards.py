@@ -44,6 +44,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,8 +72,8 @@ from common import (  # noqa: E402
 from servers import Server, free_port, require_binary, start_exporter  # noqa: E402
 
 NAME = "dashboards"
-FULL = {"nodes": 1000, "runs": 200, "hours": 3.0, "step": 60, "repeat": 3}
-QUICK = {"nodes": 20, "runs": 4, "hours": 1.0, "step": 60, "repeat": 1}
+FULL = {"nodes": 1000, "runs": 200, "hours": 3.0, "step": 60, "repeat": 3, "scrape_interval": 15}
+QUICK = {"nodes": 20, "runs": 4, "hours": 1.0, "step": 60, "repeat": 1, "scrape_interval": 1}
 # Bump when the fleet's make-up changes, so cached TSDBs are rebuilt.
 FLEET_VERSION = "1"
 BLOCK = 7200  # Prometheus' two-hour blocks: one OpenMetrics file each
@@ -627,10 +628,11 @@ def write_node_bodies(fleet: Fleet, folder: Path) -> None:
         (folder / f"{node:04d}.txt").write_text("".join(lines))
 
 
-def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool) -> dict:
-    """A Prometheus scraping every node of the fleet every 15 s (a fleet simulator serves each node's
-    /metrics) and evaluating the shipped rules: its memory after ``rounds`` scrapes of each target, its
-    head series and its own rule group durations. ``drop``: with halve-series.yml as metric_relabel_configs."""
+def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool, interval: int = 15) -> dict:
+    """A Prometheus scraping every node of the fleet every ``interval`` s (a fleet simulator serves each
+    node's /metrics) and evaluating the shipped rules as often: its memory after ``rounds`` scrapes of each
+    target, its head series and its own rule group durations. ``drop``: with halve-series.yml as
+    metric_relabel_configs."""
     from servers import start_prometheus
 
     bodies = work / "bodies"
@@ -639,7 +641,7 @@ def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool) -> dic
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", _FLEET_SERVER, str(port), str(bodies)])
     try:
-        job = {"job_name": "verl", "scrape_interval": "15s", "scrape_timeout": "10s",
+        job = {"job_name": "verl", "scrape_interval": f"{interval}s", "scrape_timeout": f"{min(10, interval)}s",
                "static_configs": [{"targets": [fleet.instance(node) for node in range(fleet.nodes)]}],
                "relabel_configs": [
                    {"source_labels": ["__address__"], "target_label": "instance"},
@@ -649,7 +651,7 @@ def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool) -> dic
         if drop:
             job["metric_relabel_configs"] = yaml.safe_load(HALVE_SERIES.read_text())
         rules = rule_files()
-        config = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
+        config = {"global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s"},
                   "rule_files": [path.name for path in rules], "scrape_configs": [job]}
         with start_prometheus(work, config, rule_files=rules) as prometheus:
             wait_for(lambda: _query_value(prometheus.url, 'count(up{job="verl"} == 1)') == fleet.nodes,
@@ -657,7 +659,7 @@ def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool) -> dic
             evaluations: dict[str, list[float]] = {}
             rule_seconds: dict[str, dict[str, list[float]]] = {}
             for _ in range(rounds):
-                time.sleep(15)
+                time.sleep(interval)
                 for group in rule_group_timings(prometheus.url):
                     evaluations.setdefault(group["name"], []).append(group["seconds"])
                     for rule, seconds in group["rules"].items():
@@ -666,9 +668,9 @@ def scraping_memory(work: Path, fleet: Fleet, *, rounds: int, drop: bool) -> dic
                     "heap_inuse_bytes": _metric(prometheus.url, "go_memstats_heap_inuse_bytes"),
                     "head_series": _metric(prometheus.url, "prometheus_tsdb_head_series"),
                     "scrapes_per_target": rounds,
-                    "rule_groups": {name: {"median_seconds": _median(values), "max_seconds": max(values),
+                    "rule_groups": {name: {"median_seconds": statistics.median(values), "max_seconds": max(values),
                                            "evaluations": len(values),
-                                           "slowest_rules": sorted(((rule, _median(times)) for rule, times
+                                           "slowest_rules": sorted(((rule, statistics.median(times)) for rule, times
                                                                     in rule_seconds.get(name, {}).items()),
                                                                    key=lambda item: -item[1])[:3]}
                                     for name, values in evaluations.items()}}
@@ -685,12 +687,6 @@ def rule_group_timings(url: str) -> list[dict]:
             for group in result["groups"]]
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _query_value(url: str, expr: str) -> float:
     result, _ = api(url, "/api/v1/query", {"query": expr})
     return float(result["result"][0]["value"][1]) if result["result"] else 0.0
@@ -700,7 +696,8 @@ def _query_value(url: str, expr: str) -> float:
 
 
 def run(work: Path, cache: Path, *, nodes: int, runs: int, hours: float, step: int, repeat: int,
-        backends: tuple[str, ...] = ("prometheus", "victoriametrics"), rounds: int = 8) -> Result:
+        scrape_interval: int = 15, backends: tuple[str, ...] = ("prometheus", "victoriametrics"),
+        rounds: int = 8) -> Result:
     cache = cache.resolve() / f"fleet-v{FLEET_VERSION}-{nodes}n-{runs}r-{hours:g}h-{step}s"
     cache.mkdir(parents=True, exist_ok=True)
     template_file = cache / "template.json"
@@ -738,9 +735,11 @@ def run(work: Path, cache: Path, *, nodes: int, runs: int, hours: float, step: i
             figures["victoriametrics"]["rss_bytes"] = rss_bytes(vm.process.pid)
     if "memory" in backends:
         print("  Prometheus scraping the fleet: memory ...", flush=True)
-        figures["memory"] = {"all": scraping_memory(work / "memory-all", fleet, rounds=rounds, drop=False),
-                             "halved": scraping_memory(work / "memory-halved", fleet, rounds=rounds, drop=True)}
-    return Result(NAME, {"nodes": nodes, "runs": runs, "hours": hours, "step": step, "repeat": repeat},
+        figures["memory"] = {name: scraping_memory(work / f"memory-{name}", fleet, rounds=rounds, drop=drop,
+                                                   interval=scrape_interval)
+                             for name, drop in (("all", False), ("halved", True))}
+    return Result(NAME, {"nodes": nodes, "runs": runs, "hours": hours, "step": step, "repeat": repeat,
+                         "scrape_interval": scrape_interval},
                   figures, rows(figures, nodes))
 
 

@@ -69,6 +69,28 @@ def test_a_split_openmetrics_file_holds_every_sample_once_with_its_family(tmp_pa
     assert len([p for p in blocks.iterdir() if p.is_dir()]) >= len(parts)
 
 
+def block_samples(blocks: Path) -> list[int]:
+    """Each block's sample count, as ``promtool tsdb list`` reads it."""
+    listed = subprocess.run([require_binary("promtool"), "tsdb", "list", str(blocks)], capture_output=True,
+                            text=True, check=True).stdout.splitlines()[1:]
+    return [int(line.split()[4]) for line in listed if line.strip()]
+
+
+def test_a_replay_writes_a_slow_history_in_a_few_wide_blocks_holding_every_sample(tmp_path):
+    history = backfill.build([str(console_log(tmp_path, 40, 20.0))], tempo=2400.0)  # about 27 hours
+    whole = tmp_path / "whole.om"
+    with whole.open("w") as out:
+        backfill.write_openmetrics(history, out, interval=600.0)
+    block = backfill.block_for(history.start, history.end)
+    assert block == 18 * 3600 * 1000  # the shortest range holding 27 hours in at most 4 blocks
+    assert backfill.block_for(0, 3600) == backfill.BLOCK_MILLISECONDS
+    backfill.create_blocks(whole, tmp_path / "narrow", require_binary("promtool"))
+    backfill.create_blocks(whole, tmp_path / "wide", require_binary("promtool"), block)
+    narrow, wide = block_samples(tmp_path / "narrow"), block_samples(tmp_path / "wide")
+    assert len(wide) <= 4 < len(narrow)
+    assert sum(wide) == sum(narrow) > 0
+
+
 def test_an_alert_that_reads_its_own_alerts_stays_firing_on_its_looser_condition():
     rule = AlertRule("VerlX", "x", 60.0)
     key = (("project", "p"),)

@@ -41,6 +41,9 @@ from .timeline import DEFAULT_STEP_SECONDS, FileTimeline, read_file, split_times
 
 SCRAPE_INTERVAL = 15.0
 BLOCK_MILLISECONDS = 2 * 3600 * 1000  # promtool's block windows, aligned to multiples of this
+# The block ranges Prometheus compacts to (2h, 6h, 18h ... 39,366h): promtool's --max-block-duration
+# is rounded down to one of them.
+BLOCK_RANGES = tuple(BLOCK_MILLISECONDS * 3 ** power for power in range(10))
 PROMTOOLS_AT_ONCE = 2
 OPENMETRICS_FILE = "backfill.om"
 BLOCKS_DIR = "blocks"
@@ -187,21 +190,31 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
     return written
 
 
-def promtool_command(openmetrics: Path, blocks: Path, promtool: str = "promtool") -> list[str]:
-    return [promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(blocks)]
+def promtool_command(openmetrics: Path, blocks: Path, promtool: str = "promtool",
+                     block: int = BLOCK_MILLISECONDS) -> list[str]:
+    wider = [f"--max-block-duration={block // 1000}s"] if block != BLOCK_MILLISECONDS else []
+    return [promtool, "tsdb", "create-blocks-from", "openmetrics", *wider, str(openmetrics), str(blocks)]
 
 
-def create_blocks(openmetrics: Path, blocks: Path, promtool: str) -> None:
-    """Run promtool over the OpenMetrics file; RuntimeError with promtool's output if it fails.
+def block_for(start: float, end: float, most: int = 4) -> int:
+    """The shortest block range (milliseconds) that holds ``start``..``end`` (unix seconds) in at most
+    ``most`` blocks: a replay's Prometheus opens and searches a few blocks, not one per two hours."""
+    span = (end - start) * 1000
+    return next((block for block in BLOCK_RANGES if span / block <= most - 1), BLOCK_RANGES[-1])
 
-    promtool reads its whole input once for every 2-hour block it writes, so a history of weeks
-    (slow steps) would cost hundreds of passes: it is first split into one file per block window,
-    each read once, two promtools at a time."""
+
+def create_blocks(openmetrics: Path, blocks: Path, promtool: str, block: int = BLOCK_MILLISECONDS) -> None:
+    """Run promtool over the OpenMetrics file, in blocks of ``block`` milliseconds (a block range);
+    RuntimeError with promtool's output if it fails.
+
+    promtool reads its whole input once for every block it writes, so a history of weeks (slow
+    steps) in two-hour blocks would cost hundreds of passes: it is first split into one file per
+    block window, each read once, two promtools at a time."""
     blocks.mkdir(parents=True, exist_ok=True)
-    parts = split_by_block(openmetrics)
+    parts = split_by_block(openmetrics, block)
     try:
         with ThreadPoolExecutor(PROMTOOLS_AT_ONCE) as pool:
-            results = list(pool.map(lambda part: subprocess.run(promtool_command(part, blocks, promtool),
+            results = list(pool.map(lambda part: subprocess.run(promtool_command(part, blocks, promtool, block),
                                                                 capture_output=True, text=True), parts))
     finally:
         for part in parts:
@@ -213,8 +226,9 @@ def create_blocks(openmetrics: Path, blocks: Path, promtool: str) -> None:
                                f"{(result.stderr or result.stdout).strip()[-2000:]}")
 
 
-def split_by_block(openmetrics: Path) -> list[Path]:
-    """``openmetrics`` as one file per 2-hour block window of its samples (itself when it has one)."""
+def split_by_block(openmetrics: Path, block: int = BLOCK_MILLISECONDS) -> list[Path]:
+    """``openmetrics`` as one file per block window (``block`` milliseconds) of its samples (itself
+    when it has one)."""
     windows: dict[int, list[str]] = {}
     header: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
     family = ""
@@ -228,7 +242,7 @@ def split_by_block(openmetrics: Path) -> list[Path]:
                         family, header[name] = name, []
                     header[name].append(line)
                 continue
-            window = int(float(line.rsplit(" ", 1)[1]) * 1000) // BLOCK_MILLISECONDS
+            window = int(float(line.rsplit(" ", 1)[1]) * 1000) // block
             out = windows.get(window)
             if out is None:
                 out = windows[window] = []

@@ -51,7 +51,16 @@ from verl_exporter import shipped
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.records import RunKey
 
-from .backfill import History, add_source_arguments, build_from_args, create_blocks, escape, iso, write_openmetrics
+from .backfill import (
+    History,
+    add_source_arguments,
+    block_for,
+    build_from_args,
+    create_blocks,
+    escape,
+    iso,
+    write_openmetrics,
+)
 from .prometheus import Prometheus
 
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
@@ -240,9 +249,9 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     exprs = [rule.expr for rule in alerts] + [entry["expr"] for group in recording for entry in group["rules"]]
     with openmetrics.open("w", encoding="utf-8") as out:
         write_openmetrics(history, out, interval=interval, keep=referenced(exprs))
-    create_blocks(openmetrics, data, promtool)
-    server = Prometheus(workdir, data, prometheus, lookback=max(300.0, 2 * interval))
     start, end = round(history.start, 3), round(history.end, 3)
+    create_blocks(openmetrics, data, promtool, block_for(start, end))
+    server = Prometheus(workdir, data, prometheus, lookback=max(300.0, 2 * interval))
     try:
         server.start()
         answerable = _answerable(recording, lambda name: name in history.families)
@@ -327,7 +336,7 @@ def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float,
                 out.writelines(lines)
         out.write("# EOF\n")
     server.stop()
-    create_blocks(openmetrics, server.data, promtool)
+    create_blocks(openmetrics, server.data, promtool, block_for(start, end))
     server.start()
 
 
