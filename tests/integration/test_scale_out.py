@@ -153,7 +153,7 @@ def recorded(fleet):
     # :unfinished, then the per-GPU :avg10m, then the median). Wait for that one, a few samples of it.
     wait_until(lambda: recorded_evaluations("project_experiment:verl_gpu_utilization_ratio:median10m", fleet) == 2,
                timeout=TIMEOUT, message="four evaluations of each run's median GPU utilization (the deepest chain)")
-    wait_until(lambda: fleet.query("count_over_time(job:verl_gpus_up:sum[1m]) >= 4"), timeout=TIMEOUT,
+    wait_until(lambda: recorded_evaluations("job:verl_gpus_up:sum", fleet), timeout=TIMEOUT,
                message="four evaluations of the fleet's recorded figures")
     return fleet
 
