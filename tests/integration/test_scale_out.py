@@ -19,6 +19,7 @@ import json
 import shutil
 import sys
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import yaml
@@ -62,6 +63,16 @@ def start_vmagent_member(tmp_path, scrape_config, member: int, remote_write_url:
     return Server("vmagent", cmd, port, workdir / "vmagent.log", "/health", cwd=workdir)
 
 
+def shipped_scrape_config(tmp_path, targets: list[str]) -> Path:
+    """A copy of the shipped scrape.yml with its file_sd folder (../file_sd/*.yml) listing ``targets``."""
+    config_dir = tmp_path / "prometheus" / "victoriametrics"
+    config_dir.mkdir(parents=True)
+    shutil.copy(CONFIG_DIR / "scrape.yml", config_dir / "scrape.yml")
+    (tmp_path / "prometheus" / "file_sd").mkdir()
+    (tmp_path / "prometheus" / "file_sd" / "fleet.yml").write_text(yaml.safe_dump([{"targets": sorted(targets)}]))
+    return config_dir / "scrape.yml"
+
+
 class Fleet:
     """Exporters, the vmagent cluster, VictoriaMetrics, vmalert and Alertmanager, stopped in reverse order."""
 
@@ -86,14 +97,7 @@ class Fleet:
                 *gpus))
             self.exporters[f"{run}-worker"] = self._add(start_exporter(
                 tmp_path, "--project", "demo", "--experiment", run, *gpus))
-        # The shipped config, its file_sd folder here: ../file_sd/*.yml beside a copy of scrape.yml.
-        config_dir = tmp_path / "prometheus" / "victoriametrics"
-        config_dir.mkdir(parents=True)
-        shutil.copy(CONFIG_DIR / "scrape.yml", config_dir / "scrape.yml")
-        (tmp_path / "prometheus" / "file_sd").mkdir()
-        (tmp_path / "prometheus" / "file_sd" / "fleet.yml").write_text(yaml.safe_dump(
-            [{"targets": [f"127.0.0.1:{e.port}" for e in self.exporters.values()]}]))
-        self.scrape_config = config_dir / "scrape.yml"
+        self.scrape_config = shipped_scrape_config(tmp_path, [f"127.0.0.1:{e.port}" for e in self.exporters.values()])
         self.vm = self._add(start_victoria_metrics(tmp_path))
         self.vmagents = [self._add(start_vmagent_member(tmp_path, self.scrape_config, member,
                                                         f"{self.vm.url}/api/v1/write"))
@@ -109,16 +113,6 @@ class Fleet:
         data = json.loads(body)
         assert status == 200 and data["status"] == "success", body[:500]
         return data["data"]["result"]
-
-    def scraped_by(self) -> list[set[str]]:
-        """The targets each vmagent scrapes (its active targets of job verl)."""
-        found = []
-        for vmagent in self.vmagents:
-            status, body = vmagent.get("/api/v1/targets")
-            assert status == 200, body
-            found.append({t["labels"]["instance"] for t in json.loads(body)["data"]["activeTargets"]
-                          if t["labels"].get("job") == "verl"})
-        return found
 
     def close(self):
         for server in reversed(self.servers):
@@ -163,17 +157,50 @@ def test_the_shipped_scrape_config_is_strict_vmagent_config():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def scraped_by(vmagents: list[Server], job: str = "verl") -> list[set[str]]:
+    """The targets each vmagent scrapes (its active targets of ``job``)."""
+    found = []
+    for vmagent in vmagents:
+        status, body = vmagent.get("/api/v1/targets")
+        assert status == 200, body
+        found.append({t["labels"]["instance"] for t in json.loads(body)["data"]["activeTargets"]
+                      if t["labels"].get("job") == job})
+    return found
+
+
+def shares_of_all(vmagents: list[Server], targets: set[str]) -> list[set[str]]:
+    """Each member's targets, once the members have taken every one of ``targets`` between them."""
+    return wait_until(lambda: (lambda found: found if set().union(*found) == targets else None)(scraped_by(vmagents)),
+                      timeout=TIMEOUT, message="every target taken by a member")
+
+
 def test_each_target_is_scraped_by_exactly_one_member(fleet):
     targets = {f"127.0.0.1:{e.port}" for e in fleet.exporters.values()}
-    shares = wait_until(lambda: (lambda found: found if set().union(*found) == targets else None)(fleet.scraped_by()),
-                        timeout=TIMEOUT, message="every target scraped by a member")
+    shares = shares_of_all(fleet.vmagents, targets)
     assert sum(len(share) for share in shares) == len(targets)  # no target twice
-    assert all(shares), f"a member scrapes nothing: {shares}"  # four targets over two members: both work
     up = wait_until(lambda: (lambda r: r if len(r) == len(targets) else None)(fleet.query('up{job="verl"} == 1')),
                     timeout=TIMEOUT, message="every target up in VictoriaMetrics")
     assert {r["metric"]["instance"] for r in up} == targets
     # One series per GPU, not one per member: no duplicates from the sharding.
     assert [float(r["value"][1]) for r in fleet.query("count(verl_gpu_up)")] == [32.0]
+
+
+def test_the_members_split_a_fleet_of_named_nodes_between_them(tmp_path):
+    """Four exporters on random ports may all hash to one member; 24 nodes of fixed names are split,
+    the same way every time: each is scraped by one member, and each member scrapes some."""
+    nodes = {f"gpu-node-{index:02d}:9945" for index in range(24)}
+    scrape_config = shipped_scrape_config(tmp_path, list(nodes))
+    members = []
+    try:
+        for member in range(MEMBERS):  # nowhere to write to: only the split is looked at
+            members.append(start_vmagent_member(tmp_path, scrape_config, member,
+                                                f"http://127.0.0.1:{free_port()}/api/v1/write"))
+        shares = shares_of_all(members, nodes)
+        assert sum(len(share) for share in shares) == len(nodes), shares  # no node twice
+        assert all(shares), f"a member scrapes nothing: {shares}"
+    finally:
+        for server in members:
+            server.stop()
 
 
 def test_vmalert_evaluates_every_shipped_group_without_error(recorded):
