@@ -368,9 +368,10 @@ def build_raw(cache: Path, work: Path, fleet: Fleet) -> Path:
     return blocks
 
 
-def build_prometheus(cache: Path, work: Path, fleet: Fleet, raw: Path) -> tuple[Path, dict]:
-    """Raw blocks plus the recording rules backfilled over the window, compacted; cached by the rules."""
-    data = cache / f"prometheus-{rules_digest()}"
+def build_prometheus(cache: Path, work: Path, fleet: Fleet, raw: Path, *, merge: bool = True) -> tuple[Path, dict]:
+    """Raw blocks plus the recording rules backfilled over the window, compacted (``merge``: Prometheus
+    starts merging a minute after its start; a smoke run does without); cached by the rules."""
+    data = cache / f"prometheus-{rules_digest()}{'' if merge else '-unmerged'}"
     meta = data / "bench-meta.json"
     if meta.exists():
         return data, json.loads(meta.read_text())
@@ -398,10 +399,11 @@ def build_prometheus(cache: Path, work: Path, fleet: Fleet, raw: Path) -> tuple[
         for block in output.iterdir():
             if block.is_dir():
                 shutil.move(str(block), str(data / block.name))
-    with start_prometheus_on(data, work) as prometheus:  # merges the overlapping blocks once, here
-        wait_for(lambda: _compacted(prometheus), timeout=1800, interval=5,
-                 what="Prometheus to merge the recorded series' blocks into the raw ones")
-    info = {"rule_levels": len(levels), "rule_backfill_seconds": timings}
+    if merge:
+        with start_prometheus_on(data, work) as prometheus:  # merges the overlapping blocks once, here
+            wait_for(lambda: _compacted(prometheus), timeout=1800, interval=5,
+                     what="Prometheus to merge the recorded series' blocks into the raw ones")
+    info = {"rule_levels": len(levels), "rule_backfill_seconds": timings, "merged": merge}
     meta.write_text(json.dumps(info))
     return data, info
 
@@ -697,7 +699,7 @@ def _query_value(url: str, expr: str) -> float:
 
 def run(work: Path, cache: Path, *, nodes: int, runs: int, hours: float, step: int, repeat: int,
         scrape_interval: int = 15, backends: tuple[str, ...] = ("prometheus", "victoriametrics"),
-        rounds: int = 8) -> Result:
+        rounds: int = 8, merge: bool = True) -> Result:
     cache = cache.resolve() / f"fleet-v{FLEET_VERSION}-{nodes}n-{runs}r-{hours:g}h-{step}s"
     cache.mkdir(parents=True, exist_ok=True)
     template_file = cache / "template.json"
@@ -720,7 +722,7 @@ def run(work: Path, cache: Path, *, nodes: int, runs: int, hours: float, step: i
         print("  Prometheus: raw blocks ...", flush=True)
         raw = build_raw(cache, work, fleet)
         print("  Prometheus: recording rules ...", flush=True)
-        prometheus_data, figures["build"] = build_prometheus(cache, work, fleet, raw)
+        prometheus_data, figures["build"] = build_prometheus(cache, work, fleet, raw, merge=merge)
     if "prometheus" in backends:
         with start_prometheus_on(prometheus_data, work) as prometheus:
             print("  Prometheus: queries ...", flush=True)
@@ -828,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="verl-bench-dashboards-", dir=os.environ.get("TMPDIR")) as work:
         result = run(Path(work), args.cache or args.out / "cache", **sizes,
                      backends=tuple(part.strip() for part in args.only.split(",") if part.strip()),
-                     rounds=args.rounds or (2 if args.quick else 8))
+                     rounds=args.rounds or (2 if args.quick else 8), merge=not args.quick)
     print_queries(result.figures, baseline)
     print_table(result)
     env = environment()

@@ -105,7 +105,7 @@ def run_one(name: str, args: argparse.Namespace, work: Path):
 
         sizes = bench_dashboards.QUICK if args.quick else bench_dashboards.FULL
         return bench_dashboards.run(work, args.cache, **sizes, backends=("prometheus", "victoriametrics", "memory"),
-                                    rounds=2 if args.quick else 8)
+                                    rounds=2 if args.quick else 8, merge=not args.quick)
     if name == "overhead":
         import bench_overhead
 
