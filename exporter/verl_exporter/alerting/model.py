@@ -261,3 +261,9 @@ def fill(text: str, catalog: Catalog, extra: dict[str, dict] | None = None,
         return format_number(source[field_name])
 
     return _PLACEHOLDER.sub(value, text)
+
+
+def new_or_increased(selector: str, window: str) -> str:
+    """Counter ``selector`` rose within ``window``, or appeared (above 0) within it."""
+    return sub("increase(${selector}[${window}]) > 0 or (${selector} > 0 unless ${selector} offset ${window})",
+               selector=selector, window=window)

@@ -17,7 +17,7 @@ import yaml
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.catalog import Catalog, default_catalog
 
-from . import anomaly, fleet, mismatch, model, nodes, rollout, settings, system, training
+from . import anomaly, fleet, gpus, mismatch, model, nodes, rollout, settings, system, training
 from .departures import DEPARTURES
 from .model import Alert, Group, fill, scale_duration, scale_expr
 
@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[3]  # the checkout the generated files a
 DATA = Path("alerts")  # verl_exporter.shipped.alerts_dir(), from the checkout's root
 RULES_DIR = DATA / "rules"
 RUNBOOK_FILE = DATA / "RUNBOOK.md"
-GROUPS: tuple[Group, ...] = training.GROUPS + mismatch.GROUPS + system.GROUPS + rollout.GROUPS + anomaly.GROUPS
+GROUPS: tuple[Group, ...] = (training.GROUPS + mismatch.GROUPS + system.GROUPS + gpus.GROUPS + rollout.GROUPS
+                             + anomaly.GROUPS)
 EXTRA_THRESHOLDS = {
     "system": default_catalog().system,
     "setting": {spec.key: spec.default for spec in default_catalog().settings if spec.default is not None},
@@ -36,7 +37,7 @@ EXTRA_THRESHOLDS = {
     "hysteresis": model.HYSTERESIS,
 }
 # ${NAME} in the definitions: the text constants of the definition modules.
-FRAGMENTS = model.fragments(model, settings, training, mismatch, system, nodes, rollout, anomaly)
+FRAGMENTS = model.fragments(model, settings, training, mismatch, system, gpus, nodes, rollout, anomaly)
 # Base of every runbook_url: the exporter serves the packaged RUNBOOK.md at /runbook, so the link
 # resolves in `make demo` and the compose stack; where the runbook is hosted elsewhere, render with
 # --runbook-url (`make generate RUNBOOK_URL=...`, `verl-exporter rules --runbook-url`).
@@ -179,7 +180,7 @@ def runbook(catalog: Catalog | None = None) -> str:
         "One section per alert of the shipped `verl-*.rules.yml`: what it means (after the verl metrics",
         "guide), how to fix it, and the rule itself. Severities: **critical** pages (PagerDuty), **warning**",
         "goes to Slack, **info** to the low-priority Slack channel. Thresholds come from the exporter's",
-        "`catalog.yaml` (GPU and host ones from `verl_exporter/alerting/system.py`); change them there and",
+        "`catalog.yaml` (GPU and host ones from its `system` section); change them there and",
         "run `make generate`. Generated file: edit `verl_exporter/alerting/`, not this file.\n",
         "Where the guide's threshold depends on the run's settings, the rules read them from",
         "`verl_run_config{key}` (the config verl prints, hydra's `config.yaml` or `--run.config`) through the",
