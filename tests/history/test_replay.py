@@ -17,8 +17,9 @@ import pytest
 from servers import require_binary
 from verl_exporter import simulate
 from verl_exporter.cli import main
-from verl_exporter.history import backfill, prometheus, replay
-from verl_exporter.history.replay import AlertRule, evaluate
+from verl_exporter.config.durations import parse_duration
+from verl_exporter.history import alert_rules, backfill, prometheus, replay
+from verl_exporter.history.alert_rules import AlertRule, evaluate
 
 STEPS = 150
 STALL_SECONDS = 3600  # a stalled run is replayed until an hour after its last step
@@ -166,18 +167,18 @@ def test_recorded_series_are_read_fresh_and_only_the_ones_alerts_read_are_backfi
         {"name": "alerts",
          "rules": [{"alert": "VerlA", "expr": 'run:a:z > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])'}]},
     ]}))
-    alerts, recording = replay.load_rules([rules])
+    alerts, recording = alert_rules.load_rules([rules])
     assert [entry["record"] for group in recording for entry in group["rules"]] == ["run:a:z"]
     assert alerts[0].interval == 15.0 and alerts[0].hold == 0
-    assert replay.read_fresh(alerts[0].expr, recording) == (
+    assert alert_rules.read_fresh(alerts[0].expr, recording) == (
         'last_over_time(run:a:z[30s]) > 1 and run:a:zz{x="1"} and avg_over_time(run:a:z[5m])')
-    assert replay.parse_duration("1h30m") == 5400 and replay.parse_duration("0") == 0
+    assert parse_duration("1h30m") == 5400 and parse_duration("0") == 0
     with pytest.raises(ValueError):
-        replay.parse_duration("10 minutes")
+        parse_duration("10 minutes")
 
 
 def test_only_series_the_rules_can_read_are_backfilled():
-    keep = replay.referenced(['verl_actor_pg_loss > 1 and on(project) rate(verl_exporter_parse_errors_total[5m])',
+    keep = alert_rules.referenced(['verl_actor_pg_loss > 1 and on(project) rate(verl_exporter_parse_errors_total[5m])',
                               'abs({__name__=~"verl_(actor_)?rollout_corr_kl"}) > 0.1 or {__name__="verl_x"} > 1'])
     assert keep("verl_actor_pg_loss") and keep("verl_exporter_parse_errors_total")
     assert keep("verl_rollout_corr_kl") and keep("verl_actor_rollout_corr_kl") and keep("verl_x")

@@ -13,7 +13,7 @@ import pytest
 from real_runs import REAL_RUNS, log_files, require_real_runs
 from servers import require_binary
 from verl_exporter.history import backfill, replay
-from verl_exporter.history.replay import AlertRule
+from verl_exporter.history.alert_rules import AlertRule, evaluate
 from verl_exporter.history.tempo import median_step_seconds, retime
 from verl_exporter.history.timeline import read_file
 
@@ -97,7 +97,7 @@ def test_an_alert_that_reads_its_own_alerts_stays_firing_on_its_looser_condition
     times = [60.0 * k for k in range(10)]
     starting = {key: {times[2]: 1.0, times[3]: 1.0}}  # each of the last 3 steps beyond: fires
     staying = {key: {t: 1.0 for t in times[2:7]} | {times[8]: 1.0}}  # about half of the last 10: stays
-    (history,) = replay.evaluate(rule, starting, times, staying)
+    (history,) = evaluate(rule, starting, times, staying)
     firing = [period for period in history.periods if period.state == "firing"]
     assert [(p.start, p.end) for p in firing] == [(times[2], times[6])]  # not back at times[8]: it ended
 
