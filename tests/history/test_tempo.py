@@ -49,11 +49,17 @@ def test_replay_samples_slow_runs_per_step_not_every_15_seconds(tmp_path):
     assert replay.evaluation_interval(backfill.build([str(console_log(tmp_path, 40, 20.0))]), 15.0) == 15.0
 
 
-def test_a_split_openmetrics_file_holds_every_sample_once_with_its_family(tmp_path):
+def slow_history(tmp_path: Path) -> tuple[backfill.History, Path, int]:
+    """40 steps of 40 minutes (about 27 hours), written as OpenMetrics: the history, its file, its samples."""
     history = backfill.build([str(console_log(tmp_path, 40, 20.0))], tempo=2400.0)
     whole = tmp_path / "whole.om"
     with whole.open("w") as out:
         written = backfill.write_openmetrics(history, out, interval=600.0)
+    return history, whole, written
+
+
+def test_a_split_openmetrics_file_holds_every_sample_once_with_its_family(tmp_path):
+    _, whole, written = slow_history(tmp_path)
     parts = backfill.split_by_block(whole)
     assert len(parts) > 1
     samples = [line for part in parts for line in part.read_text().splitlines() if not line.startswith("#")]
@@ -77,10 +83,7 @@ def block_samples(blocks: Path) -> list[int]:
 
 
 def test_a_replay_writes_a_slow_history_in_a_few_wide_blocks_holding_every_sample(tmp_path):
-    history = backfill.build([str(console_log(tmp_path, 40, 20.0))], tempo=2400.0)  # about 27 hours
-    whole = tmp_path / "whole.om"
-    with whole.open("w") as out:
-        backfill.write_openmetrics(history, out, interval=600.0)
+    history, whole, _ = slow_history(tmp_path)
     block = backfill.block_for(history.start, history.end)
     assert block == 18 * 3600 * 1000  # the shortest range holding 27 hours in at most 4 blocks
     assert backfill.block_for(0, 3600) == backfill.BLOCK_MILLISECONDS

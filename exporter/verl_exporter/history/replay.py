@@ -102,13 +102,14 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     with openmetrics.open("w", encoding="utf-8") as out:
         write_openmetrics(history, out, interval=interval, keep=referenced(exprs))
     start, end = round(history.start, 3), round(history.end, 3)
-    create_blocks(openmetrics, data, promtool, block_for(start, end))
+    block = block_for(start, end)  # the raw and the recorded series' blocks alike
+    create_blocks(openmetrics, data, promtool, block)
     server = Prometheus(workdir, data, prometheus, lookback=max(300.0, 2 * interval))
     try:
         server.start()
         answerable = answerable_groups(recording, lambda name: name in history.families)
         if answerable:
-            _record(server, answerable, workdir, start, end, promtool)
+            _record(server, answerable, workdir, start, end, promtool, block)
         def history_of(rule: AlertRule) -> list[AlertHistory]:
             times = evaluation_times(start, end, rule.interval)
             if not OWN_ALERTS.search(rule.expr):
@@ -130,7 +131,8 @@ def evaluation_times(start: float, end: float, interval: float) -> list[float]:
     return [round(end - k * interval, 3) for k in range(count, -1, -1)]
 
 
-def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float, end: float, promtool: str) -> None:
+def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float, end: float, promtool: str,
+            block: int) -> None:
     """Evaluate the recording rules at their groups' evaluation times, load the results as blocks
     and restart Prometheus over them."""
     openmetrics = workdir / "recorded.om"
@@ -155,7 +157,7 @@ def _record(server: Prometheus, groups: list[dict], workdir: Path, start: float,
                 out.writelines(lines)
         out.write("# EOF\n")
     server.stop()
-    create_blocks(openmetrics, server.data, promtool, block_for(start, end))
+    create_blocks(openmetrics, server.data, promtool, block)
     server.start()
 
 
