@@ -192,6 +192,10 @@ STEP_STATS = {
     "best_window_mean": "Highest mean of 10 consecutive steps of the run so far",
     "run_max": "Highest value of every step of the run so far",
     "run_min": "Lowest value of every step of the run so far",
+    "early_mad": "Spread of the run's first 10 steps: their median absolute deviation times 1.4826",
+    "zero_streak": "How many of the run's latest steps in a row had the value 0",
+    "zero_before": "How many of the run's steps before its latest streak of zeros had the value 0",
+    "steps_before": "How many steps the run had before its latest streak of zeros",
 }
 
 # One run's own families, in the order they are served; the run's logged metrics follow, by name.

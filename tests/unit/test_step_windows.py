@@ -39,7 +39,30 @@ def test_each_statistic_over_its_own_steps():
 def test_a_statistic_is_absent_until_its_window_is_full(stat):
     needed = STATS[stat]
     assert window_of([1.0] * (needed - 1)).stat(stat) is None or needed == 1
-    assert window_of([1.0] * needed).stat(stat) == (0.0 if stat == "prior_stddev" else 1.0)
+    expected = {"prior_stddev": 0.0, "early_mad": 0.0, "zero_streak": 0.0}.get(stat, 1.0)
+    if stat in ("zero_before", "steps_before"):
+        assert window_of([0.0] * 8 + [1.0] + [0.0] * 5).stat(stat) == (8.0 if stat == "zero_before" else 9.0)
+        expected = float(needed) if stat == "steps_before" else 0.0
+    assert window_of([1.0] * needed).stat(stat) == expected
+
+
+def test_zeros_are_counted_in_a_streak_and_as_the_run_s_share_before_it_one_by_one_or_in_bulk():
+    values = [0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0004, 3.0, 1.0, 0.0, 5.0, 0.0, -0.0001, 0.0]
+    single, bulk = window_of(values), StepWindow()
+    bulk.add_all(list(range(1, 6)), values[:5])
+    bulk.add_all(list(range(6, len(values) + 1)), values[5:])
+    for window in (single, bulk):
+        assert window.stat("zero_streak") == 3.0  # 0.0, -0.0001, 0.0: under half of 0.001
+        assert (window.stat("zero_before"), window.stat("steps_before")) == (6.0, 11.0)  # 0, 0, 0, 0, 0.0004, 0
+    single.add(len(values), 7.0)  # a second value of the latest step ends the streak ...
+    assert single.stat("zero_streak") == 0.0
+    single.add(len(values), 0.0)  # ... and a third puts it back
+    assert single.stat("zero_streak") == 3.0
+
+
+def test_the_early_spread_is_the_scaled_median_absolute_deviation_of_the_first_ten_steps():
+    window = window_of([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 100.0, 50.0])
+    assert window.stat("early_mad") == pytest.approx(1.4826 * 2.5)  # the outlier of step 10 counts as one
 
 
 def test_a_second_value_of_a_step_replaces_the_first_and_non_finite_values_are_left_out():

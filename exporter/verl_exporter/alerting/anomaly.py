@@ -15,6 +15,10 @@ notification.
 
 from __future__ import annotations
 
+import math
+
+from verl_exporter.store.step_windows import LONG
+
 from .model import Alert, Group, steps, sub
 
 THRESHOLDS = {
@@ -40,6 +44,8 @@ THRESHOLDS |= {
     "length_drop_ratio": 0.5,    # VerlResponseLengthCollapsed: each of the last 3 steps under this share of before
     "length_rise_ratio": 2.0,    # VerlResponseLengthExploded: ... over this multiple
 }
+# The standard error of the difference of two means of LONG steps, in standard deviations of one step.
+THRESHOLDS["long_gain_stderr"] = round(math.sqrt(2 / LONG), 4)
 EXTRA = {"anomaly": THRESHOLDS}
 
 
@@ -117,6 +123,16 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
 
 
 ENTROPY_EARLY = steps("early_median", "verl_actor_entropy")
+
+
+def _entropy_risen(stat: str) -> str:
+    """Entropy's statistic ``stat`` over entropy_rise_ratio times its median over the run's first 10 steps,
+    and above it by more than rise_noise times their spread (and entropy_rise_min)."""
+    return sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${early}"
+               " and ${entropy} - ${early} > clamp_min(${actor/entropy:rise_noise} * ${spread}, "
+               "${anomaly:entropy_rise_min})",
+               entropy=steps(stat, "verl_actor_entropy"), early=ENTROPY_EARLY,
+               spread=steps("early_mad", "verl_actor_entropy"))
 # The run's response length before: its first 10 steps, or the 10 steps before the last 10.
 LENGTH_BEFORE = {"<": (steps("early_median", "verl_response_length_mean"),
                        steps("prior_mean", "verl_response_length_mean"))}
@@ -207,17 +223,19 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
            "`actor/reward_kl_penalty` and raise the KL coefficient (`algorithm.kl_ctrl.kl_coef`)."),
     Alert(
         name="VerlEntropyRising", severity="warning",
-        expr=sub("${entropy} > ${anomaly:entropy_rise_ratio} * ${early}"
-                 " and ${entropy} - ${early} > ${anomaly:entropy_rise_min}",
-                 entropy=steps("recent_min", "verl_actor_entropy"), early=ENTROPY_EARLY),
+        # Each of the last 3 steps, or the median of the last 10 (a slow, noisy drift), well above the start.
+        expr=sub("${held} or ${median}", held=_entropy_risen("recent_min"), median=_entropy_risen("window_median")),
         stay=sub("${entropy} > (1 + ${anomaly:entropy_rise_ratio}) * ${hysteresis:half} * ${early}",
                  entropy=steps("window_median", "verl_actor_entropy"), early=ENTROPY_EARLY),
         for_="0s",
         summary="Policy entropy rose well above the run's own normal.",
-        description="Run ${RUN}: actor/entropy at each of the last 3 steps (the lowest ${NUMBER}) is more than "
-        "${anomaly:entropy_rise_ratio} times its median over the run's first 10 steps.",
-        meaning="Entropy normally falls slowly during RL training. Each of 3 steps half again above the "
-        "run's own start (the median of its first 10 steps, so one odd step does not count) means the "
+        description="Run ${RUN}: actor/entropy at each of the last 3 steps, or the median of the last 10 "
+        "(${NUMBER}), is more than ${anomaly:entropy_rise_ratio} times its median over the run's first 10 steps, "
+        "and above it by more than ${actor/entropy:rise_noise} times their spread.",
+        meaning="Entropy normally falls slowly during RL training. Each of 3 steps, or the median of 10 (a slow "
+        "drift through noisy steps), half again above the run's own start (the median of its first 10 steps, "
+        "so one odd step does not count), and by more than ${actor/entropy:rise_noise} times the spread of "
+        "those steps (a run whose entropy swings widely from step to step must move further), means the "
         "policy is becoming random: too large updates, a too high entropy bonus, no KL anchor, or rollouts "
         "that no longer match the trained policy (training-inference mismatch). Real runs that degrade this "
         "way rise from about 0.24 to 0.5-0.8 over tens of steps while the score falls.",

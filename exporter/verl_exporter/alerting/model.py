@@ -142,10 +142,11 @@ def steps(stat: str, metric: str) -> str:
     return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
 
 
-def steps_of_any(stat: str, pattern: str, names: tuple[str, ...]) -> str:
-    """``steps`` of whichever of ``names`` (the spellings of one metric, matched by ``pattern``) the run logs."""
+def steps_of_any(stat: str, pattern: str, names: tuple[str, ...], aggregate: str = "max") -> str:
+    """``steps`` of whichever of ``names`` (matched by ``pattern``) the run logs: the spellings of one
+    metric, or several metrics taken together by ``aggregate`` (``min``: the least of them)."""
     _served(stat, names)
-    return f'max without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
+    return f'{aggregate} without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
 
 
 def _served(stat: str, names: tuple[str, ...]) -> None:

@@ -74,6 +74,8 @@ def full_expr(alert: Alert, group: Group) -> str:
     expr = model.expand(alert.expr, FRAGMENTS)
     if alert.stay:
         stay = model.expand(alert.stay, FRAGMENTS)
+        if " or " in stay:  # `and` binds tighter than `or`: the firing condition holds for the whole of stay
+            stay = f"({stay})"
         expr = f"({expr}) or ({stay} and {model.firing(alert.name)})"
     if group.training:
         if " or " in expr:

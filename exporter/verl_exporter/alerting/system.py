@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import nodes
 from .model import NUMBER, Alert, Group, new_or_increased, run_query, steps, sub
+from .settings import setting
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
@@ -29,9 +30,25 @@ SAVING_FOR = (
     "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)"
     " and verl_checkpoint_saving == 1)"
 )
+# A step that validates takes the run's validation on top (timing_s/testing: 10-20 times a training step
+# for agent runs). Where the run's config gives trainer.test_freq, the next step validates when it divides
+# it: that step gets validation_ratio times the run's longest validation so far, or for its first
+# validation first_validation_steps of its steps. Where the config is unknown, every step gets the
+# validation allowance once the run has validated. A stall during a validation still pages once the
+# log is silent past that.
+TEST_FREQ = setting("trainer.test_freq")
+VALIDATES_NEXT = ("((verl_training_last_step + 1) % ${RUN_MATCH} ${TEST_FREQ} == 0"
+                  " and ${RUN_MATCH} ${TEST_FREQ} > 0)")
+LONGEST_VALIDATION = steps("run_max", "verl_timing_testing_seconds")
+VALIDATION_ALLOWANCE = (
+    "(${timing_s/step:validation_ratio} * ${LONGEST_VALIDATION} and ${RUN_MATCH} ${VALIDATES_NEXT}"
+    " or ${timing_s/step:first_validation_steps} * (${STEP_TIME}) and ${RUN_MATCH} ${VALIDATES_NEXT}"
+    " or ${timing_s/step:validation_ratio} * ${LONGEST_VALIDATION} unless ${RUN_MATCH} ${TEST_FREQ}"
+    " or 0 * (${STEP_TIME}))"
+)
 STALLED = (
     "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds)"
-    " > ${RUN_MATCH} ${timing_s/step:stalled_steps} * (${STEP_TIME})"
+    " > ${RUN_MATCH} (${timing_s/step:stalled_steps} * (${STEP_TIME}) + ${RUN_MATCH} ${VALIDATION_ALLOWANCE})"
     " unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
     " unless ${RUN_MATCH} ${SAVING_FOR} < ${RUN_MATCH} clamp_min(${system:checkpoint_save_ceiling_steps}"
     " * (${STEP_TIME}), ${system:checkpoint_save_ceiling_seconds})"
@@ -202,7 +219,11 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         "duration), the run has not finished (reached its last step, or verl printed its end of "
         "training), it is not saving a checkpoint (verl's `local_global_step_folder:` line until the "
         "next step; a save counts for at most ${system:checkpoint_save_ceiling_seconds} s, and a slow one "
-        "raises VerlCheckpointSaveSlow) and, where the exporter knows the job "
+        "raises VerlCheckpointSaveSlow), it is not validating (a step that validates, by `trainer.test_freq` or, "
+        "where the config is unknown, any step once the run has validated, gets "
+        "${timing_s/step:validation_ratio} times the run's longest `timing_s/testing` so far, or "
+        "${timing_s/step:first_validation_steps} of its steps for its first validation) and, where the exporter "
+        "knows the job "
         "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
         "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",
         fix="Look at the job's log tail and `py-spy dump` of the trainer; check Ray (`ray status`) and the GPU "

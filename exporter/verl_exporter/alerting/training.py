@@ -5,8 +5,8 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import Alert, Group, held, mostly, steps, sub
-from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote
+from .model import Alert, Group, held, mostly, steps, steps_of_any, sub
+from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote, setting
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
 WARMED_CRITIC = "verl_training_last_step >= ${critic/vf_explained_var:warmup_steps}"
@@ -20,6 +20,11 @@ SCORE = "verl_critic_score_mean"
 SCORE_GAIN = f"({steps('window_mean', SCORE)} - {steps('prior_mean', SCORE)})"
 # The same over the last 30 steps and the 30 before (needs 60): a plateau, told from noise.
 SCORE_LONG_GAIN = f"({steps('long_mean', SCORE)} - {steps('long_prior_mean', SCORE)})"
+# ... and what that gain would be if the score rose by flat_noise standard errors of it more: the
+# difference of two means of 30 steps has the spread of one step (of the 10 before the last 10)
+# times sqrt(2/30). A noisy score "has not risen" only when even this is under min_gain.
+SCORE_LONG_GAIN_BOUND = (f"({SCORE_LONG_GAIN} + ${{critic/score/mean:flat_noise}} * ${{anomaly:long_gain_stderr}}"
+                         f" * {steps('prior_stddev', SCORE)})")
 # The score has not risen over the last 10 steps against the 10 before, or (a young run, or one whose
 # trend is not known yet) none of its last 3 steps is above its first 10 steps' median.
 SCORE_STALLED = ("(${SCORE_GAIN} < ${critic/score/mean:min_gain}"
@@ -93,6 +98,20 @@ VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic
 VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')}"
              f" - {steps('window_median', 'verl_critic_returns_mean')})"
              " > ${critic/vpred_mean:max_gap_to_returns}")
+# How many of the run's latest steps in a row had every advantage 0 (max and min), and how likely such a
+# step is in this run: its own share of them before the streak (after 10 steps), else by its batch.
+ADVANTAGES = ("verl_critic_advantages_max", "verl_critic_advantages_min")
+NO_SIGNAL_STREAK = steps_of_any("zero_streak", "|".join(ADVANTAGES), ADVANTAGES, aggregate="min")
+# The chance of such a step in this run: its share of them before the streak, weighed with a prior of
+# no_signal_prior_steps steps at small_batch_share (a batch under small_batch prompts) or share_floor.
+NO_SIGNAL_PRIOR = ("(0 * ${NO_SIGNAL_STREAK} + ${critic/advantages/max:small_batch_share}"
+                   " and ${RUN_MATCH} " + setting("data.train_batch_size") + " < ${critic/advantages/max:small_batch}"
+                   " or 0 * ${NO_SIGNAL_STREAK} + ${critic/advantages/max:share_floor})")
+NO_SIGNAL_CHANCE = ("clamp((" + steps_of_any("zero_before", "|".join(ADVANTAGES), ADVANTAGES)
+                    + " + ${critic/advantages/max:no_signal_prior_steps} * ${NO_SIGNAL_PRIOR}) / ("
+                    + steps_of_any("steps_before", "|".join(ADVANTAGES), ADVANTAGES)
+                    + " + ${critic/advantages/max:no_signal_prior_steps}),"
+                    " ${critic/advantages/max:share_floor}, ${critic/advantages/max:share_ceiling})")
 # Entropy not collapsed (that is VerlEntropyCollapsing's and VerlPrematureConvergence's to tell).
 ENTROPY_LEFT = steps("recent_min", "verl_actor_entropy") + " > ${actor/entropy:collapsed}"
 HALVE_LR = "Halve `actor_rollout_ref.actor.optim.lr` (e.g. 1e-6 -> 5e-7)"
@@ -191,15 +210,16 @@ ACTOR = Group(name="verl-actor", file="verl-training.rules.yml", title="Actor (p
     ),
     Alert(
         name="VerlEntropyFlat", severity="warning",
-        expr="${ENTROPY_FLAT} and ${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
+        expr="${ENTROPY_FLAT} and ${SCORE_LONG_GAIN_BOUND} < ${critic/score/mean:min_gain} and ${ENTROPY_LEFT}"
         " unless ${NEAR_BEST}",
-        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN} < ${hysteresis:twice} * ${critic/score/mean:min_gain} and "
-             "${ENTROPY_LEFT}"
+        stay="${ENTROPY_ABOUT_FLAT} and ${SCORE_LONG_GAIN_BOUND} < ${hysteresis:twice} * ${critic/score/mean:min_gain}"
+             " and ${ENTROPY_LEFT}"
         " unless ${NEAR_BEST_CLOSE}",
         for_="0s",
         summary="Entropy and score have both stayed flat: the policy is not learning.",
         description="Run ${RUN}: actor/entropy changed by only ${PERCENT} over the last 30 steps against the 30 "
-        "before while critic/score/mean gained less than ${critic/score/mean:min_gain}.",
+        "before while critic/score/mean gained less than ${critic/score/mean:min_gain}, by more than "
+        "${critic/score/mean:flat_noise} standard errors of its own noise.",
         meaning="Entropy that barely moves (e.g. 0.50 -> 0.48 over 100 steps) while the score does not rise means "
         "the policy is not learning anything: the reward signal is missing or uninformative. A run that "
         "has converged near its best score (the last 10 steps within a tenth of the score's range of its best "
@@ -361,19 +381,28 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     ),
     Alert(
         name="VerlNoLearningSignal", severity="warning",
-        expr=held("verl_critic_advantages_max", "<", "${critic/advantages/max:no_signal}") + " and "
-        + held("verl_critic_advantages_min", ">", "-${critic/advantages/min:no_signal}"),
-        stay=mostly("verl_critic_advantages_max", "<", "${critic/advantages/max:no_signal}") + " and "
+        # A streak of steps whose every advantage is 0, long enough to be unlikely by chance for this run.
+        expr="${NO_SIGNAL_STREAK} >= ${critic/advantages/max:no_signal_steps}"
+        " and ${NO_SIGNAL_CHANCE} ^ ${NO_SIGNAL_STREAK} <= ${critic/advantages/max:no_signal_chance}",
+        stay="${NO_SIGNAL_STREAK} >= 1 or "
+        + mostly("verl_critic_advantages_max", "<", "${critic/advantages/max:no_signal}") + " and "
         + mostly("verl_critic_advantages_min", ">", "-${critic/advantages/min:no_signal}"), for_="0s",
         summary="Every advantage is 0: the run has no learning signal.",
-        description="Run ${RUN}: critic/advantages/max and /min have been 0 at each of the last 3 steps "
-        "(at most ${NUMBER}): "
-        "no sample is better or worse than its group, so the policy gets no gradient.",
+        description="Run ${RUN}: every advantage has been 0 at each of the last {{ $value }} steps: no sample is "
+        "better or worse than its group, so the policy gets no gradient, for longer than this run's own share of "
+        "such steps makes likely by chance (under ${critic/advantages/max:no_signal_chance}).",
         meaning="With group-relative advantages (GRPO, RLOO and similar) every response of a prompt that scores the "
         "same as the others gets advantage 0. When all advantages are 0 step after step, every group is "
         "uniform: usually every response scores 0 (a reward function that never matches the answer "
         "format, responses cut at `data.max_response_length`), sometimes all score the maximum (data too "
-        "easy). `pg_loss` and `grad_norm` sit at about 0 and the run learns nothing.",
+        "easy). `pg_loss` and `grad_norm` sit at about 0 and the run learns nothing. With sparse rewards or "
+        "small batches many steps carry no signal and the run still learns from the others, so a streak "
+        "counts only once it is unlikely for this run: the chance p of such a step, its share of them before "
+        "the streak weighed with a prior of ${critic/advantages/max:no_signal_prior_steps} steps at "
+        "${critic/advantages/max:small_batch_share} (a batch under ${critic/advantages/max:small_batch} prompts) "
+        "or ${critic/advantages/max:share_floor}, raised to the streak's length is under "
+        "${critic/advantages/max:no_signal_chance}: 4 steps for a run that rarely has one, 10 at p = 0.4, "
+        "24 at p = 0.7.",
         fix="Look at `critic/score/mean` and a few responses: check the reward function against the answer "
         "format and the data source, `response_length/clip_ratio` (raise `data.max_response_length`), and "
         "the prompt template; if every response is right, use harder data.",

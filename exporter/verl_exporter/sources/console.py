@@ -33,14 +33,22 @@ def parse_console_line(line: str, *, lazy: bool = False,
 
     Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
     beyond 2^53) or that has no readable ``key:value`` pair. A line of exactly ``WANDB_LINE_CHARS``
-    is taken for one that wandb cut: its last pair is left out. A single unreadable pair is skipped;
-    one with a key but no number is counted by ``dropped("not_a_number")``. With ``lazy``,
-    a line whose values are all plain decimal numbers keeps them as text, for the store to
-    convert when they are scraped (float() is most of the cost of a line).
+    is taken for one that wandb cut: its last pair is left out. A step line that ends in a bare
+    separator (`` -``: a carriage return or a cut came right after it) keeps every pair before it.
+    A single unreadable pair is skipped; one with a key but no number is counted by
+    ``dropped("not_a_number")``. With ``lazy``, a line whose values are all plain decimal numbers
+    keeps them as text, for the store to convert when they are scraped (float() is most of the cost
+    of a line). A line with carriage returns is read segment by segment (``carriage_segments``): the
+    last step segment read is returned; a Source reads every one of them.
     """
+    if "\r" in line:
+        return _last_step(carriage_segments(line), lazy, dropped)
     text = _content(line).strip()
     if not text.startswith("step:"):
         return None
+    cut_by_wandb = len(line) == WANDB_LINE_CHARS
+    if text.endswith(" -"):  # nothing after the last separator: the pairs before it are whole
+        text, cut_by_wandb = text[:-2], False
     cut = text.find(_SEPARATOR)
     head = text[5:] if cut < 0 else text[5:cut]
     try:
@@ -48,7 +56,7 @@ def parse_console_line(line: str, *, lazy: bool = False,
     except ValueError:
         raise ParseError(f"step is not an integer: {head[:40]!r}") from None
     check_step(step)
-    if len(line) >= WANDB_LINE_CHARS and len(line.rstrip("\r")) == WANDB_LINE_CHARS:
+    if cut_by_wandb:
         last = text.rfind(_SEPARATOR)
         if last > cut:
             text = text[:last]
@@ -60,14 +68,74 @@ def parse_console_line(line: str, *, lazy: bool = False,
     return step, values
 
 
+def carriage_segments(line: str) -> list[str]:
+    """The texts a line with carriage returns holds, in order: a tqdm bar redrawn over a step line
+    (``step:3 - a:1 -\\rTraining Progress: 1%|...``), or the other way round, hides none of them.
+
+    Each segment is read as a line of its own: one without a Ray prefix gets the line's (it is that
+    actor's output); blank ones are left out; a line ending ``\\r`` or ``\\r\\n`` is one segment.
+    When wandb cut the line (``WANDB_LINE_CHARS``), the last pair of its last segment, if that is a
+    step line with more than one pair, is left out here (the segment alone is shorter than the cut).
+    """
+    body = line.rstrip("\r\n")
+    if "\r" not in body:
+        return [body]
+    parts = body.split("\r")
+    first = _ANSI.sub("", parts[0]) if "\x1b" in parts[0] else parts[0]
+    match = _RAY_PREFIX.match(first) if first.startswith("(") else None
+    prefix = match.group(0) if match else ""
+    if len(line.rstrip("\r")) == WANDB_LINE_CHARS:
+        parts[-1] = _without_cut_pair(parts[-1])
+    segments = []
+    for index, part in enumerate(parts):
+        plain = _ANSI.sub("", part) if "\x1b" in part else part
+        own = _RAY_PREFIX.match(plain) if plain.startswith("(") else None
+        if not (plain[own.end():] if own else plain).strip():
+            continue  # nothing but a prefix, blanks or ANSI codes
+        segments.append(prefix + part if prefix and index and own is None else part)
+    return segments or [parts[-1]]  # a blank line stays one
+
+
+def _without_cut_pair(segment: str) -> str:
+    """A step segment that wandb cut, without its last pair (which may be cut in its key or value)."""
+    text = _content(segment).rstrip()
+    if not text.lstrip().startswith("step:") or text.endswith(" -"):
+        return segment
+    first, last = segment.find(_SEPARATOR), segment.rfind(_SEPARATOR)
+    return segment[:last] if last > first >= 0 else segment
+
+
+def _last_step(segments: list[str], lazy: bool,
+               dropped: DropCounter | None) -> tuple[int, dict[str, float] | dict[str, str]] | None:
+    """The last step segment that reads; the first one's ParseError when none does."""
+    found, error = None, None
+    for segment in segments:
+        try:
+            parsed = parse_console_line(segment, lazy=lazy, dropped=dropped)
+        except ParseError as exc:
+            error = error or exc
+            continue
+        found = parsed or found
+    if found is None and error is not None:
+        raise error
+    return found
+
+
 def parse_console_continuation(line: str, dropped: DropCounter | None = None) -> dict[str, float] | None:
     """Values of a wrapped step line's continuation (``       - key:value - key:value``), else None.
 
     Only meaningful right after a step line: some tools and docs wrap verl's long step lines.
     """
+    if "\r" in line:  # the values of every continuation segment
+        merged: dict[str, float] = {}
+        for segment in carriage_segments(line):
+            merged.update(parse_console_continuation(segment, dropped) or {})
+        return merged or None
     text = _content(line).strip()
     if not text.startswith("- "):
         return None
+    if text.endswith(" -"):  # a bare separator at its end: the pairs before it are whole
+        text = text[:-2]
     skipped: list[str] = []
     values = _pairs(text[2:], skipped=skipped)
     _count(skipped if values else [], dropped)
@@ -82,11 +150,10 @@ def is_finished_line(line: str) -> bool:
 
 
 def _content(line: str) -> str:
-    """What verl printed: no ANSI codes, no tqdm redraws before a carriage return, no Ray decoration."""
+    """What verl printed: no ANSI codes, no Ray decoration. Carriage returns are the caller's:
+    a line that holds them is read by ``carriage_segments``."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    if "\r" in line:
-        line = line.rstrip("\r\n").rpartition("\r")[2]
     if line.startswith("("):
         prefix = _RAY_PREFIX.match(line)
         if prefix:
@@ -103,8 +170,13 @@ def _pairs(text: str, skip: int = 0, skipped: list[str] | None = None) -> dict[s
 
     Unreadable pairs are left out; the keys of those with a key but no number go to ``skipped``.
     """
-    if ":np." in text and text.count(":") == text.count(_SEPARATOR) + 1:  # no ":" inside keys
-        text = _unwrap_numpy(text)
+    if ":np." in text:
+        if not text.endswith(")"):
+            head, _, raw = text.rpartition(":")
+            if raw.startswith("np.") and "(" in raw and _SEPARATOR not in raw:
+                text = head + ":"  # the last value was cut inside its wrapper: no number
+        if text.count(":") == text.count(_SEPARATOR) + 1:  # no ":" inside keys
+            text = _unwrap_numpy(text)
     values: dict[str, float] = {}
     for part in text.split(_SEPARATOR)[skip:]:
         key, _, raw = part.rpartition(":")

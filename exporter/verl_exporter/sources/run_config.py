@@ -25,7 +25,7 @@ from collections import deque
 import yaml
 
 from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
-from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content
+from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content, carriage_segments
 from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
 MAX_CONFIG_LINES = 10_000
@@ -57,6 +57,9 @@ def parse_total_steps(line: str) -> int | None:
     """N of verl's ``Total training steps: N`` line; None for any other line; ParseError beyond 2^53."""
     if "Total training steps:" not in line:
         return None
+    if "\r" in line:  # a progress bar drawn before or after it on the same line
+        found = [segment for segment in carriage_segments(line) if "Total training steps:" in segment]
+        return parse_total_steps(found[-1]) if found else None
     match = _TOTAL_STEPS.search(_content(line).rstrip())
     if not match:
         return None

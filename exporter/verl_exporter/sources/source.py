@@ -17,6 +17,7 @@ from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.config_files import CONFIG_READER, ConfigReader, Result, signature
 from verl_exporter.sources.console import (
     _ANSI,
+    carriage_segments,
     is_finished_line,
     parse_console_continuation,
     parse_console_line,
@@ -164,6 +165,10 @@ class Source:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
                 written_at[path] = _written_at(path, now)
+            if "\r" in line and state.fmt == "console":  # each segment a line of its own (no "\r" left)
+                ingested += self._ingest_lines([(path, segment) for segment in carriage_segments(line)],
+                                               written_at, now)
+                continue
             try:
                 record = self._parse(state, line, written_at[path])
             except ParseError as exc:
@@ -185,9 +190,32 @@ class Source:
 
     def line_parser(self, path: str) -> Callable[[str, float], Record | None]:
         """``parse(line, now)``: one line of ``path`` at a time, as ``poll`` reads it (the same
-        records, the same errors raised), for readers of whole files such as ``backfill``."""
+        records, the same errors raised), for readers of whole files such as ``backfill``. Of a console
+        line with carriage returns, whose segments ``poll`` reads one by one, it returns the last step
+        record (else the last record; the first error when there is none)."""
         state = self._new_state(path)
-        return lambda line, now: self._parse(state, line, now)
+
+        def parse(line: str, now: float) -> Record | None:
+            if "\r" not in line or state.fmt != "console":
+                return self._parse(state, line, now)
+            records: list[Record] = []
+            error: Exception | None = None
+            for segment in carriage_segments(line):
+                try:
+                    record = self._parse(state, segment, now)
+                except Exception as exc:
+                    error = error or exc
+                    continue
+                if record is not None:
+                    records.append(record)
+            steps = [record for record in records if record.values]
+            if steps or records:
+                return (steps or records)[-1]
+            if error is not None:
+                raise error
+            return None
+
+        return parse
 
     def _new_state(self, path: str) -> FileState:
         state = FileState(display_path(path), run_for(path, self.project, self.experiment),

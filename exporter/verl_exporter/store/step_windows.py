@@ -17,6 +17,10 @@ metric, statistics over a fixed number of the run's own steps (in the metric's b
     verl_training_best_window_mean{project,experiment,metric} highest mean of 10 steps in a row so far
     verl_training_run_max{project,experiment,metric}        highest value of every step so far
     verl_training_run_min{project,experiment,metric}        lowest value of every step so far
+    verl_training_early_mad{project,experiment,metric}      spread of the run's first 10 steps (scaled MAD)
+    verl_training_zero_streak{project,experiment,metric}    how many of the latest steps in a row were 0
+    verl_training_zero_before{project,experiment,metric}    how many of the run's steps before that streak were 0
+    verl_training_steps_before{project,experiment,metric}   how many steps the run had before that streak
 
 ``metric`` is the served name of the metric (``verl_actor_entropy``). A statistic is served only
 once the run has logged the metric at enough steps to fill its window, so a rule needs no warm-up
@@ -42,6 +46,8 @@ RECENT = 3  # "held": the condition at each of the last RECENT steps
 WINDOW = 10  # "half-true": the median of the last WINDOW steps; also the trend windows
 EARLY = 10  # the run's baseline: its first EARLY steps
 LONG = 30  # slow trends (plateaus): the last LONG steps against the LONG before
+ZERO = 0.0005  # a value under this in magnitude is 0: half the resolution of verl before 0.5 (3 decimals)
+MAD_SCALE = 1.4826  # the median absolute deviation of normal noise times this is its standard deviation
 
 # statistic -> the steps it needs (schema.STEP_STATS says what each is, in the order served).
 STATS = {
@@ -57,6 +63,10 @@ STATS = {
     "best_window_mean": WINDOW,
     "run_max": 1,
     "run_min": 1,
+    "early_mad": EARLY,
+    "zero_streak": 1,
+    "zero_before": 1,
+    "steps_before": 1,
 }
 if list(STATS) != list(STEP_STATS):
     raise RuntimeError("step_windows.STATS and schema.STEP_STATS must name the same statistics")
@@ -67,6 +77,7 @@ _EITHER = _ABOVE | _BELOW
 _TREND = frozenset({"window_mean", "prior_mean"})
 _SPREAD = frozenset({"prior_mean", "prior_stddev"})
 _PLATEAU = frozenset({"long_mean", "long_prior_mean"})
+_ZEROS = frozenset({"zero_streak", "zero_before", "steps_before"})
 _CORR = {"kl": _EITHER, "k3_kl": _ABOVE, "ppl_ratio": _EITHER, "chi2_token": _ABOVE, "rollout_is_mean": _EITHER,
          "rollout_is_eff_sample_size": _BELOW, "rollout_is_std": _ABOVE}
 
@@ -74,7 +85,7 @@ _CORR = {"kl": _EITHER, "k3_kl": _ABOVE, "ppl_ratio": _EITHER, "chi2_token": _AB
 WATCHED: dict[str, frozenset[str]] = {
     "verl_actor_pg_clipfrac": _EITHER,
     "verl_actor_ppo_kl": _EITHER | _SPREAD,
-    "verl_actor_entropy": _EITHER | _PLATEAU | _SPREAD | {"early_median"},
+    "verl_actor_entropy": _EITHER | _PLATEAU | _SPREAD | {"early_median", "early_mad"},
     "verl_actor_kl_loss": _ABOVE,
     "verl_actor_grad_norm": _EITHER | _SPREAD,
     "verl_actor_pg_loss": _EITHER | _SPREAD,
@@ -85,8 +96,8 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_critic_vpred_mean": frozenset({"window_median"}),
     "verl_critic_returns_mean": frozenset({"window_median"}),
     "verl_critic_advantages_mean": _EITHER,
-    "verl_critic_advantages_max": _EITHER,
-    "verl_critic_advantages_min": _EITHER,
+    "verl_critic_advantages_max": _ABOVE | _ZEROS,
+    "verl_critic_advantages_min": _BELOW | _ZEROS,
     "verl_critic_score_mean": _BELOW | _TREND | _SPREAD | _PLATEAU | {"early_median", "best_window_mean"},
     "verl_critic_score_max": frozenset({"run_max"}),
     "verl_critic_score_min": frozenset({"run_min"}),
@@ -100,6 +111,7 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_training_off_policy_trajectory_staleness_worst_max": _ABOVE,
     **{f"verl_{actor}rollout_corr_{name}": stats for actor in ("", "actor_") for name, stats in _CORR.items()},
     "verl_timing_step_seconds": _BELOW | {"prior_mean", "early_median", "run_max"},
+    "verl_timing_testing_seconds": frozenset({"run_max"}),
     "verl_perf_throughput": _BELOW | {"prior_mean", "best_window_mean"},
     "verl_perf_mfu_actor": _BELOW | {"prior_mean", "best_window_mean"},
 }
@@ -117,18 +129,29 @@ class StepWindow:
     best_mean: float = -math.inf  # the highest mean of WINDOW steps in a row
     window_sum: float = 0.0  # of the last WINDOW values
     step: int | None = None  # the step of the latest value
+    count: int = 0  # steps so far
+    zeros: int = 0  # ... whose value was 0 (under ZERO in magnitude)
+    streak: int = 0  # the latest steps in a row whose value was 0
+    streak_before: int = 0  # the streak before the latest step (what a second value of that step continues)
 
     def add(self, step: int, value: float) -> None:
         """The metric's value at ``step``; a second value of the same step replaces the first."""
         if value - value != 0:
             return
         last = self.last
+        zero = -ZERO < value < ZERO
         if step == self.step:
+            self.zeros += zero - (-ZERO < last[-1] < ZERO)
+            self.streak = self.streak_before + 1 if zero else 0
             self.window_sum += value - last[-1]
             last[-1] = value
             if len(last) <= EARLY and len(self.early) == len(last):
                 self.early[-1] = value
         else:
+            self.count += 1
+            self.zeros += zero
+            self.streak_before = self.streak
+            self.streak = self.streak + 1 if zero else 0
             self.step = step
             if len(last) >= WINDOW:
                 self.window_sum -= last[-WINDOW]
@@ -167,10 +190,28 @@ class StepWindow:
             self.window_sum = sums[-1]
         last.extend(values)
         self.step = steps[-1]
+        self._count_zeros(values)
+
+    def _count_zeros(self, values: list[float]) -> None:
+        """The zero counts after ``values``, steps of their own, in order."""
+        flags = list(map(ZERO.__gt__, map(abs, values)))
+        self.count += len(flags)
+        self.zeros += sum(flags)
+        trailing = 0  # zeros at the end of values, and before their last one
+        for flag in reversed(flags):
+            if not flag:
+                break
+            trailing += 1
+        if trailing == len(flags):
+            self.streak_before = self.streak + trailing - 1
+            self.streak += trailing
+        else:
+            self.streak_before = trailing - 1 if trailing else _trailing_zeros(flags[:-1], self.streak)
+            self.streak = trailing
 
     def copy(self) -> "StepWindow":
         return StepWindow(deque(self.last, maxlen=LONGEST), list(self.early), self.high, self.low, self.best_mean,
-                          self.window_sum, self.step)
+                          self.window_sum, self.step, self.count, self.zeros, self.streak, self.streak_before)
 
     def stat(self, name: str) -> float | None:
         """Statistic ``name`` of ``STATS``, or None while the run has too few steps of it."""
@@ -198,4 +239,25 @@ class StepWindow:
             return self.best_mean
         if name == "early_median":
             return statistics.median(self.early) if len(self.early) >= EARLY else None
+        if name == "early_mad":
+            if len(self.early) < EARLY:
+                return None
+            middle = statistics.median(self.early)
+            return MAD_SCALE * statistics.median(abs(value - middle) for value in self.early)
+        if name == "zero_streak":
+            return float(self.streak)
+        if name == "zero_before":
+            return float(self.zeros - self.streak)
+        if name == "steps_before":
+            return float(self.count - self.streak)
         return self.high if name == "run_max" else self.low
+
+
+def _trailing_zeros(flags: list[bool], earlier: int) -> int:
+    """How many of ``flags`` at their end are zeros, continuing ``earlier`` zeros where all are."""
+    count = 0
+    for flag in reversed(flags):
+        if not flag:
+            return count
+        count += 1
+    return count + earlier
