@@ -9,8 +9,9 @@ onset of its failure) and changes only what the regime changes:
   signal, every group scoring its group's value (advantages 0, score and reward at their mean);
 - ``small-batch``: per-step noise of entropy, score and gradient norm 3 times larger around the same
   trend (the median of 5 steps around each);
-- ``long-validation``: a validation every 8 steps (``trainer.test_freq`` 8 in the config print) taking 15
-  times the run's median step (``timing_s/testing``, inside ``timing_s/step``);
+- ``long-validation``: each of the run's validations (where it has none, one every 8 steps, with
+  ``trainer.test_freq`` 8 in the config print) taking 15 times the run's median step (``timing_s/testing``,
+  inside ``timing_s/step``);
 - ``zero-gradient``: 38% of the steps (at random) with every sample of the batch scoring the same:
   gradient norm, policy loss and advantages 0;
 - ``resumed``: the run resumed at step 101 (a run of fewer than 120 steps: at its middle step), no
@@ -27,7 +28,8 @@ import math
 import random
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from verl_exporter.history.timeline import read_file
@@ -45,19 +47,22 @@ NO_SIGNAL = ("critic/advantages/mean", "critic/advantages/max", "critic/advantag
 
 @dataclass
 class Run:
-    """What a run's log holds, step by step, as the exporter reads it."""
+    """What a run's log holds, as the exporter reads it: its steps and events, each at its time."""
 
     config: dict = field(default_factory=dict)  # flattened dotted keys
     total_steps: int | None = None
     steps: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    checkpoints: dict[int, int] = field(default_factory=dict)  # step before which a save of that step began
+    times: dict[int, float] = field(default_factory=dict)  # step -> when it was logged (unix seconds)
+    events: list[tuple[float, str]] = field(default_factory=list)  # (time, line): saves, errors, the fatal end
     finished: bool = False
+
+    def but(self, **changes: object) -> "Run":
+        return replace(self, **changes)
 
 
 def read_run(path: str) -> Run:
-    """The steps, config, saves and end of the log at ``path``."""
+    """The steps (with the times the exporter gives them), config, saves, errors and end of ``path``."""
     run = Run()
-    pending_save: int | None = None
     for step in read_file(path).steps:
         values: dict[str, float] = {}
         for record in step.records:
@@ -66,16 +71,16 @@ def read_run(path: str) -> Run:
             elif record.total_steps is not None:
                 run.total_steps = record.total_steps
             elif record.checkpoint_step is not None:
-                pending_save = record.checkpoint_step
+                run.events.append((step.time, f"local_global_step_folder: /checkpoints/global_step_{record.checkpoint_step}"))
+            elif record.error is not None or record.fatal is not None:
+                run.events.append((step.time, record.line))
             elif record.finished:
                 run.finished = True
-            elif record.values and not record.error and not record.fatal:
+            elif record.values:
                 values.update({key: float(value) for key, value in record.values.items()})
-        if values:
-            if pending_save is not None:
-                run.checkpoints[step.step] = pending_save
-                pending_save = None
+        if values and not step.event:
             run.steps.append((step.step, values))
+            run.times[step.step] = step.time
     return run
 
 
@@ -86,31 +91,29 @@ def _chosen(name: str, steps: list[int], share: float) -> set[int]:
 
 def _uniform_groups(values: dict[str, float], *, gradient: bool) -> dict[str, float]:
     """Every group of the step scored its group's value: no advantage, no policy gradient."""
-    out = dict(values)
-    out.update({key: 0.0 for key in NO_SIGNAL if key in values})
+    out = dict(values)  # a NaN or Inf stays as logged: it is the run's own failure
+    out.update({key: 0.0 for key in NO_SIGNAL if math.isfinite(values.get(key, math.nan))})
     for kind in ("score", "rewards"):
         mean = values.get(f"critic/{kind}/mean")
         if mean is not None:
-            out.update({f"critic/{kind}/{stat}": mean for stat in ("max", "min") if f"critic/{kind}/{stat}" in values})
-    for key in ("actor/pg_loss", "actor/pg_clipfrac"):
-        if key in values:
+            out.update({f"critic/{kind}/{stat}": mean for stat in ("max", "min")
+                        if math.isfinite(values.get(f"critic/{kind}/{stat}", math.nan))})
+    for key in ("actor/pg_loss", "actor/pg_clipfrac") + (("actor/grad_norm",) if gradient else ()):
+        if math.isfinite(values.get(key, math.nan)):
             out[key] = 0.0
-    if gradient and "actor/grad_norm" in values:
-        out["actor/grad_norm"] = 0.0
     return out
 
 
 def sparse(name: str, run: Run) -> Run:
     chosen = _chosen(name, [step for step, _ in run.steps], SPARSE_SHARE)
     steps = [(step, _uniform_groups(values, gradient=False) if step in chosen else values) for step, values in run.steps]
-    return Run({**run.config, "data.train_batch_size": SMALL_BATCH}, run.total_steps, steps, run.checkpoints,
-               run.finished)
+    return run.but(config={**run.config, "data.train_batch_size": SMALL_BATCH}, steps=steps)
 
 
 def zero_gradient(name: str, run: Run) -> Run:
     chosen = _chosen(name, [step for step, _ in run.steps], ZERO_GRADIENT_SHARE)
     steps = [(step, _uniform_groups(values, gradient=True) if step in chosen else values) for step, values in run.steps]
-    return Run(run.config, run.total_steps, steps, run.checkpoints, run.finished)
+    return run.but(steps=steps)
 
 
 def small_batch(name: str, run: Run) -> Run:
@@ -129,23 +132,37 @@ def small_batch(name: str, run: Run) -> Run:
                 low, high = values.get("critic/score/min", -math.inf), values.get("critic/score/max", math.inf)
                 noisy = min(max(noisy, low), high)
             steps[index][1][key] = noisy
-    return Run(run.config, run.total_steps, steps, run.checkpoints, run.finished)
+    return run.but(steps=steps)
+
+
+def _validates(values: dict[str, float]) -> bool:
+    return any(key.startswith(("val-core/", "val-aux/", "val/", "val-env/", "timing_s/testing")) for key in values)
 
 
 def long_validation(name: str, run: Run) -> Run:
-    times = [values["timing_s/step"] for _, values in run.steps
-             if math.isfinite(values.get("timing_s/step", math.nan))]
-    median = statistics.median(times) if times else 60.0
-    steps = []
+    """Each validation takes VALIDATION_STEPS of the run's median steps: the run's own (after step 0), or
+    where it has none, one every VALIDATION_EVERY steps (``trainer.test_freq``). The validating step's line,
+    and every later one, comes that much later."""
+    numbers = [step for step, _ in run.steps]
+    gaps = [run.times[b] - run.times[a] for a, b in zip(numbers, numbers[1:]) if run.times[b] > run.times[a]]
+    testing = VALIDATION_STEPS * (statistics.median(gaps) if gaps else 60.0)
+    own = {step for step, values in run.steps if step > 0 and _validates(values)}
+    config = run.config if own else {**run.config, "trainer.test_freq": VALIDATION_EVERY}
+    steps, times, shift, shifts = [], {}, 0.0, []
     for step, values in run.steps:
-        if step % VALIDATION_EVERY == 0:
+        if step in own or (not own and step > 0 and step % VALIDATION_EVERY == 0):
+            shift += testing
             values = dict(values)
-            testing = VALIDATION_STEPS * median
             values["timing_s/testing"] = testing
-            values["timing_s/step"] = values.get("timing_s/step", median) + testing
+            logged = values.get("timing_s/step", values.get("timing/step"))
+            if logged is not None and math.isfinite(logged):
+                values["timing_s/step"] = logged + testing
         steps.append((step, values))
-    return Run({**run.config, "trainer.test_freq": VALIDATION_EVERY}, run.total_steps, steps, run.checkpoints,
-               run.finished)
+        times[step] = run.times[step] + shift
+        shifts.append((run.times[step], shift))
+    events = [(time + next((moved for at, moved in reversed(shifts) if at <= time), 0.0), line)
+              for time, line in run.events]
+    return run.but(config=config, steps=steps, times=times, events=events)
 
 
 def resume_point(run: Run) -> int:
@@ -158,8 +175,9 @@ def resume_point(run: Run) -> int:
 
 def resumed(name: str, run: Run) -> Run:
     start = resume_point(run)
-    return Run(run.config, run.total_steps, [(step, values) for step, values in run.steps if step >= start],
-               {step: saved for step, saved in run.checkpoints.items() if step >= start}, run.finished)
+    begins = run.times.get(start, -math.inf)
+    return run.but(steps=[(step, values) for step, values in run.steps if step >= start],
+                   events=[(time, line) for time, line in run.events if time >= begins])
 
 
 def progress_bars(name: str, run: Run) -> Run:
@@ -200,25 +218,33 @@ def _bar(step: int, total: int) -> str:
     return f"Training Progress:  {100 * step // max(total, 1)}%|{'#' * done}{' ' * (10 - done)}| {step}/{total} [00:10<01:00,  1.00s/it]"
 
 
+def _stamp(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z "
+
+
 def write_run(run: Run, path: Path, *, bars: bool = False) -> None:
-    """``run`` as verl's console prints it: config print, total steps, steps, saves, the end."""
-    lines = []
-    if run.config:  # verl's config has a trainer section; the exporter takes no other dict for it
-        lines.append(repr(_nested({"trainer.logger": ["console"], **run.config})))
+    """``run`` as verl's console prints it, each line stamped with its time: the config print and total
+    steps before the first step, the steps and events in time order, then the end."""
+    entries: list[tuple[float, int, str]] = []
     total = run.total_steps or (run.steps[-1][0] if run.steps else 0)
-    if run.total_steps is not None:
-        lines.append(f"Total training steps: {run.total_steps}")
     for step, values in run.steps:
-        if step in run.checkpoints:
-            lines.append(f"local_global_step_folder: /checkpoints/global_step_{run.checkpoints[step]}")
         text = f"step:{step} - " + " - ".join(f"{key}:{_number(value)}" for key, value in values.items())
         if bars:
             text = text + " -\r" + _bar(step, total)
             if step % 3 == 0:
                 text = _bar(step - 1, total) + "\r" + text
-        lines.append(text)
+        entries.append((run.times[step], 1, text))
+    entries += [(time, 0, line) for time, line in run.events]
+    entries.sort(key=lambda entry: entry[:2])
+    first = entries[0][0] if entries else 0.0
+    lines = []
+    if run.config:  # verl's config has a trainer section; the exporter takes no other dict for it
+        lines.append(_stamp(first) + repr(_nested({"trainer.critic_warmup": 0, **run.config})))
+    if run.total_steps is not None:
+        lines.append(_stamp(first) + f"Total training steps: {run.total_steps}")
+    lines += [_stamp(time) + text for time, _, text in entries]
     if run.finished:
-        lines.append("Final validation metrics: {}")
+        lines.append(_stamp(entries[-1][0] if entries else first) + "Final validation metrics: {}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -212,6 +212,9 @@ TRAINING_RUN = _by_key(
         "verl_training_finished_timestamp_seconds",
         "Unix time at which the finished run's last step was read; absent while the run has not finished.", RUN,
         optional=True)),
+    ("next_validation", _gauge("verl_training_next_validation_step",
+                               "The run's next step that validates, by its trainer.test_freq or its own validations; "
+                               "absent where that is not known.", RUN, optional=True)),
     ("total_steps", _gauge("verl_training_total_steps",
                            "Training steps the run will take (verl's Total training steps).", RUN, optional=True)),
     ("config", _gauge("verl_run_config",

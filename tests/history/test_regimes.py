@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from real_runs import FOLDER_OF, REAL_RUNS, VERDICTS, log_files
-from regimes import TRANSFORMS, read_run, resume_point, write_transformed
+from regimes import TRANSFORMS, read_run, resume_point, write_run, write_transformed
 from reported_failures import FAILURES, write_failure
 from test_tempo_runs import GRACE, REFIRE, TEMPOS, WORKERS, Episode, assert_once, failure_name, first_firing, replay_at
 
@@ -154,3 +154,18 @@ def test_a_reported_failure_is_named_within_a_few_steps_in_every_regime(regimes,
             assert fired is not None, f"{where}: {alert} never fired"
             assert fired <= failure.at + GRACE, f"{where}: {alert} first fired at step {fired}, onset {failure.at}"
         assert_once(episodes, failure_name(failure), f"{tempo} as {transform}")
+
+
+@pytest.mark.parametrize("run", REAL)
+def test_a_run_with_progress_bars_over_its_step_lines_reads_the_same_steps_and_values(run, tmp_path):
+    """Every segment of a line is read: the run written with tqdm bars after its step text on the same
+    line (and before it on every third) reads exactly as the run written without them."""
+    if not (FOLDER_OF[run] / run).is_dir() or not log_files(run):
+        pytest.skip(f"{run} is not beside the checkout")
+    plain, barred = tmp_path / "plain.log", tmp_path / "bars.log"
+    write_run(read_run(log_files(run)[0]), plain)
+    write_transformed(run, "progress-bars", log_files(run)[0], barred)
+    expected, found = read_run(str(plain)), read_run(str(barred))
+    assert sum(b"\r" in line for line in barred.read_bytes().split(b"\n")) == len(expected.steps) > 0
+    assert repr(found.steps) == repr(expected.steps)  # NaN as logged
+    assert found.times == expected.times and found.config == expected.config and found.events == expected.events

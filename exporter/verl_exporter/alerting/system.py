@@ -31,19 +31,24 @@ SAVING_FOR = (
     " and verl_checkpoint_saving == 1)"
 )
 # A step that validates takes the run's validation on top (timing_s/testing: 10-20 times a training step
-# for agent runs). Where the run's config gives trainer.test_freq, the next step validates when it divides
-# it: that step gets validation_ratio times the run's longest validation so far, or for its first
-# validation first_validation_steps of its steps. Where the config is unknown, every step gets the
-# validation allowance once the run has validated. A stall during a validation still pages once the
-# log is silent past that.
+# for agent runs). The exporter predicts the run's next validation (verl_training_next_validation_step: by
+# trainer.test_freq, else every as many steps as between its last two validations). That step (and the one
+# before it), and every
+# step of a run whose cadence is unknown (no config, fewer than two validations seen), gets the larger of
+# validation_ratio times the run's longest validation so far and validation_steps of its steps. A stall
+# during a validation still pages once the log is silent past that.
 TEST_FREQ = setting("trainer.test_freq")
-VALIDATES_NEXT = ("((verl_training_last_step + 1) % ${RUN_MATCH} ${TEST_FREQ} == 0"
-                  " and ${RUN_MATCH} ${TEST_FREQ} > 0)")
+# The next step or the one after (verl before 0.3 validates one step before test_freq's multiples).
+VALIDATES_NEXT = ("(verl_training_next_validation_step - ${RUN_MATCH} verl_training_last_step"
+                  " <= ${timing_s/step:validation_lead_steps})")
+CADENCE_UNKNOWN = ("(verl_training_last_step unless ${RUN_MATCH} verl_training_next_validation_step"
+                   " unless ${RUN_MATCH} ${TEST_FREQ})")
 LONGEST_VALIDATION = steps("run_max", "verl_timing_testing_seconds")
 VALIDATION_ALLOWANCE = (
-    "(${timing_s/step:validation_ratio} * ${LONGEST_VALIDATION} and ${RUN_MATCH} ${VALIDATES_NEXT}"
-    " or ${timing_s/step:first_validation_steps} * (${STEP_TIME}) and ${RUN_MATCH} ${VALIDATES_NEXT}"
-    " or ${timing_s/step:validation_ratio} * ${LONGEST_VALIDATION} unless ${RUN_MATCH} ${TEST_FREQ}"
+    "((${timing_s/step:validation_ratio} * ${LONGEST_VALIDATION}"
+    " >= ${RUN_MATCH} ${timing_s/step:validation_steps} * (${STEP_TIME})"
+    " or ${timing_s/step:validation_steps} * (${STEP_TIME}))"
+    " and ${RUN_MATCH} (${VALIDATES_NEXT} or ${CADENCE_UNKNOWN})"
     " or 0 * (${STEP_TIME}))"
 )
 STALLED = (
@@ -219,10 +224,10 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         "duration), the run has not finished (reached its last step, or verl printed its end of "
         "training), it is not saving a checkpoint (verl's `local_global_step_folder:` line until the "
         "next step; a save counts for at most ${system:checkpoint_save_ceiling_seconds} s, and a slow one "
-        "raises VerlCheckpointSaveSlow), it is not validating (a step that validates, by `trainer.test_freq` or, "
-        "where the config is unknown, any step once the run has validated, gets "
-        "${timing_s/step:validation_ratio} times the run's longest `timing_s/testing` so far, or "
-        "${timing_s/step:first_validation_steps} of its steps for its first validation) and, where the exporter "
+        "raises VerlCheckpointSaveSlow), it is not validating (the step the run validates next, by "
+        "`trainer.test_freq` or every as many steps as between its last two validations, and every step of a run "
+        "whose cadence is unknown, gets the larger of ${timing_s/step:validation_ratio} times the run's longest "
+        "`timing_s/testing` so far and ${timing_s/step:validation_steps} of its steps) and, where the exporter "
         "knows the job "
         "(`--job.pid`/`--job.match`), the job's processes are still alive: the job hangs "
         "(NCCL, a dead Ray worker, a stuck rollout) while holding its GPUs.",

@@ -17,6 +17,7 @@ and per run::
     verl_training_finished_timestamp_seconds{project,experiment}   once finished only: when its last step was
                                                                    read (rules guard on it: few series)
     verl_training_total_steps{project,experiment}                  the run's length (verl's "Total training steps")
+    verl_training_next_validation_step{project,experiment}         the run's next step that validates, where known
     verl_run_config{project,experiment,key}                        the run's numeric settings (catalog.yaml's
                                                                    ``settings``), key the dotted verl setting
     verl_run_config_info{project,experiment,adv_estimator,model,rollout,strategy} 1
@@ -69,7 +70,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from verl_exporter import schema
 from verl_exporter.collectors import Collector
-from verl_exporter.store import run_settings, step_windows
+from verl_exporter.store import run_settings, step_windows, validation
 from verl_exporter.store.run_state import RunState, StoreSnapshot
 from verl_exporter.store.run_store import RunStore
 
@@ -157,6 +158,9 @@ class TrainingCollector(Collector):
         families["info"].add_metric(run + [state.source], 1.0)
         if state.total_steps is not None:
             families["total_steps"].add_metric(run, state.total_steps)
+        upcoming = validation.next_validation(state)
+        if upcoming is not None:
+            families["next_validation"].add_metric(run, upcoming)
         for key, value in sorted(state.config.items()):
             families["config"].add_metric(run + [key], value)
         if state.config_info:

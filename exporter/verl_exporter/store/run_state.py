@@ -82,6 +82,7 @@ class RunState:
     owner_job: str = ""  # the job the owner's file is the output of: its other files may feed the run
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
     pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
+    validations: tuple[int, ...] = ()  # the run's latest two steps that validated (validation.py)
 
     def copy(self) -> "RunState":
         return RunState(
@@ -116,6 +117,7 @@ class RunState:
             fatal=self.fatal,
             owner_job=self.owner_job,
             windows={name: window.copy() for name, window in self.windows.items()},
+            validations=self.validations,
         )
 
     def drop_key(self, key: str) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import cast
 
+from verl_exporter.store import validation
 from verl_exporter.store.catalog import Catalog
 from verl_exporter.store.run_state import RunState
 from verl_exporter.store.step_windows import WATCHED, StepWindow
@@ -39,6 +40,7 @@ class StepFolder:
         self.catalog = catalog
         self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
         self._resolved: set[str] = set()  # the keys looked up for _watched
+        self._validation_keys: set[str] = set()  # the keys a step logs only when it validated
 
     def fold(self, state: RunState) -> None:
         """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
@@ -47,7 +49,7 @@ class StepFolder:
         fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
         pending, state.pending_steps = state.pending_steps, []
         watched, resolved, latest = self._watched, self._resolved, state.values
-        watched_keys = watched.keys()
+        watched_keys, validation_keys = watched.keys(), self._validation_keys
         tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
         for index, (step, values) in enumerate(pending):
             keys = values.keys()
@@ -55,6 +57,8 @@ class StepFolder:
                 for key in keys - resolved:
                     if key in latest:  # a key refused by the series cap is not resolved, nor remembered
                         self._resolve(key)
+            if not validation_keys.isdisjoint(keys):
+                validation.note(state, step)
             present = frozenset(keys & watched_keys)
             if not present:
                 continue
@@ -93,6 +97,8 @@ class StepFolder:
         """Remember whether ``key`` is a watched metric, with its served name and scale (bounded)."""
         if len(self._resolved) >= MAX_RESOLVED:
             return
+        if validation.is_validation_key(key):
+            self._validation_keys.add(key)
         resolved = self.catalog.resolve(key)
         spec = resolved.spec
         if spec.name in WATCHED and not resolved.label_values:
