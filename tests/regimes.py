@@ -160,8 +160,8 @@ def long_validation(name: str, run: Run) -> Run:
         steps.append((step, values))
         times[step] = run.times[step] + shift
         shifts.append((run.times[step], shift))
-    events = [(time + next((moved for at, moved in reversed(shifts) if at <= time), 0.0), line)
-              for time, line in run.events]
+    # An event before a step's line is part of that step, after its validation (verl saves after validating).
+    events = [(time + next((moved for at, moved in shifts if at >= time), shift), line) for time, line in run.events]
     return run.but(config=config, steps=steps, times=times, events=events)
 
 

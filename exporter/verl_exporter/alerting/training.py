@@ -354,7 +354,11 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
         f" and abs({steps('recent_max', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}"
         " and (" + steps("recent_min", "verl_critic_advantages_mean") + " > 0 or "
         + steps("recent_max", "verl_critic_advantages_mean") + " < 0)",
-        stay=f"abs({steps('window_median', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}",
+        # It stays while the median of the last 10 steps is off center, or their mean half as far (steps at
+        # exactly 0, where every group scored alike, do not end it).
+        stay=f"abs({steps('window_median', 'verl_critic_advantages_mean')}) > ${{critic/advantages/mean:max_abs_mean}}"
+        f" or abs({steps('window_mean', 'verl_critic_advantages_mean')}) > ${{hysteresis:half}}"
+        " * ${critic/advantages/mean:max_abs_mean}",
         for_="0s",
         summary="The mean advantage is far from 0.",
         description="Run ${RUN}: critic/advantages/mean is off 0 by ${NUMBER} (more than "
@@ -410,14 +414,17 @@ REWARD = Group(name="verl-reward", file="verl-training.rules.yml", title="Reward
     ),
     Alert(
         name="VerlScoreNotImproving", severity="info",
-        expr="${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} unless ${NEAR_BEST}",
+        # The gain is under min_gain, and would be by flat_noise standard errors of the score's own noise more.
+        expr="${SCORE_LONG_GAIN} < ${critic/score/mean:min_gain} and ${SCORE_LONG_GAIN_BOUND} < "
+        "${critic/score/mean:min_gain} unless ${NEAR_BEST}",
         stay="(${SCORE_LONG_GAIN} < ${hysteresis:thrice} * ${critic/score/mean:min_gain}"
         " or ${SCORE_LONG_GAIN} < ${critic/score/mean:near_best_share} * ${SCORE_RANGE})"
         " unless ${NEAR_BEST_CLOSE}",
         for_="0s",
         summary="The mean score has not improved for 30 steps.",
         description="Run ${RUN}: critic/score/mean changed by ${NUMBER} over the last 30 steps against the 30 "
-        "before (less than ${critic/score/mean:min_gain}).",
+        "before (less than ${critic/score/mean:min_gain}, by more than ${critic/score/mean:flat_noise} standard "
+        "errors of its own noise).",
         meaning="`critic/score/mean` is the mean raw reward (on math tasks, accuracy); it should rise during "
         "training. A flat score far from the run's best means it stopped learning; one within a tenth of "
         "the score's range of its best 10 steps in a row, in the upper half of that range, has converged, and is "

@@ -95,7 +95,7 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_critic_vf_clipfrac": _ABOVE,
     "verl_critic_vpred_mean": frozenset({"window_median"}),
     "verl_critic_returns_mean": frozenset({"window_median"}),
-    "verl_critic_advantages_mean": _EITHER,
+    "verl_critic_advantages_mean": _EITHER | {"window_mean"},
     "verl_critic_advantages_max": _ABOVE | _ZEROS,
     "verl_critic_advantages_min": _BELOW | _ZEROS,
     "verl_critic_score_mean": _BELOW | _TREND | _SPREAD | _PLATEAU | {"early_median", "best_window_mean"},
