@@ -71,7 +71,8 @@ def read_run(path: str) -> Run:
             elif record.total_steps is not None:
                 run.total_steps = record.total_steps
             elif record.checkpoint_step is not None:
-                run.events.append((step.time, f"local_global_step_folder: /checkpoints/global_step_{record.checkpoint_step}"))
+                saved = record.checkpoint_step
+                run.events.append((step.time, f"local_global_step_folder: /checkpoints/global_step_{saved}"))
             elif record.error is not None or record.fatal is not None:
                 run.events.append((step.time, record.line))
             elif record.finished:
@@ -106,13 +107,15 @@ def _uniform_groups(values: dict[str, float], *, gradient: bool) -> dict[str, fl
 
 def sparse(name: str, run: Run) -> Run:
     chosen = _chosen(name, [step for step, _ in run.steps], SPARSE_SHARE)
-    steps = [(step, _uniform_groups(values, gradient=False) if step in chosen else values) for step, values in run.steps]
+    steps = [(step, _uniform_groups(values, gradient=False) if step in chosen else values)
+             for step, values in run.steps]
     return run.but(config={**run.config, "data.train_batch_size": SMALL_BATCH}, steps=steps)
 
 
 def zero_gradient(name: str, run: Run) -> Run:
     chosen = _chosen(name, [step for step, _ in run.steps], ZERO_GRADIENT_SHARE)
-    steps = [(step, _uniform_groups(values, gradient=True) if step in chosen else values) for step, values in run.steps]
+    steps = [(step, _uniform_groups(values, gradient=True) if step in chosen else values)
+             for step, values in run.steps]
     return run.but(steps=steps)
 
 
@@ -215,7 +218,8 @@ def _number(value: float) -> str:
 
 def _bar(step: int, total: int) -> str:
     done = int(10 * step / max(total, 1))
-    return f"Training Progress:  {100 * step // max(total, 1)}%|{'#' * done}{' ' * (10 - done)}| {step}/{total} [00:10<01:00,  1.00s/it]"
+    return (f"Training Progress:  {100 * step // max(total, 1)}%|{'#' * done}{' ' * (10 - done)}| "
+            f"{step}/{total} [00:10<01:00,  1.00s/it]")
 
 
 def _stamp(moment: float) -> str:

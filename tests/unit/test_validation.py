@@ -14,8 +14,8 @@ from verl_exporter.store.validation import next_validation, note
 RUN = RunKey("gsm8k", "validates")
 
 
-def state(last: int, config: dict | None = None, seen: tuple[int, ...] = ()) -> RunState:
-    run = RunState(RUN, last_step=last, config=config or {})
+def state(last: int, config: dict | None = None, seen: tuple[int, ...] = (), total: int | None = None) -> RunState:
+    run = RunState(RUN, last_step=last, config=config or {}, total_steps=total)
     for step in seen:
         note(run, step)
     return run
@@ -37,9 +37,20 @@ def test_the_next_validation_by_config_or_by_the_run_s_own_cadence(last, config,
     assert next_validation(state(last, config, seen)) == expected
 
 
+@pytest.mark.parametrize(("last", "config", "seen", "expected"), [
+    (434, {"trainer.test_freq": 10}, (430,), 435),  # verl validates at its last step too
+    (429, {"trainer.test_freq": 10}, (420,), 430),
+    (434, {}, (420, 430), 435),
+    (434, {"trainer.test_freq": -1}, (), None),  # not where it never validates
+    (435, {"trainer.test_freq": 10}, (430, 435), 440),  # past its length (a resumed run may go on)
+])
+def test_the_last_step_validates_where_it_comes_first(last, config, seen, expected):
+    assert next_validation(state(last, config, seen, total=435)) == expected
+
+
 def test_a_step_logged_twice_is_one_validation():
-    run = state(20, {}, (10, 20, 20))
-    assert run.validations == (10, 20)
+    run = state(20, {}, (0, 10, 20, 20))
+    assert run.validations == (0, 10, 20)
 
 
 def test_the_store_notes_validating_steps_and_the_collector_serves_the_next_one():

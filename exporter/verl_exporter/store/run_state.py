@@ -82,7 +82,7 @@ class RunState:
     owner_job: str = ""  # the job the owner's file is the output of: its other files may feed the run
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
     pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
-    validations: tuple[int, ...] = ()  # the run's latest two steps that validated (validation.py)
+    validations: tuple[int, ...] = ()  # the run's latest three steps that validated (validation.py)
 
     def copy(self) -> "RunState":
         return RunState(
