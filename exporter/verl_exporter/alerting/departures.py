@@ -68,11 +68,20 @@ DEPARTURES = {
     "VerlTrainingStalled":
         "A checkpoint save is no stall: the verl team's GRPO baseline saves for 40 minutes every 20 steps "
         "(`timing_s/step` 2,500 s against 150 s), which paged. The rule waits while a save runs, for up to "
-        "${system:checkpoint_save_ceiling_seconds} s.",
+        "${system:checkpoint_save_ceiling_seconds} s. Nor is a validation: agent runs validate for 10-20 "
+        "of their steps every 8 or 50 steps, which paged at 5 and 40 minutes a step; the step the run "
+        "validates next gets the larger of ${timing_s/step:validation_ratio} times its longest validation "
+        "and ${timing_s/step:validation_steps} of its steps.",
     "VerlEntropyRising":
         "The guide says entropy should fall slowly; a real run without a KL anchor rose from 0.24 to 0.78 "
         "over 6 hours with steps of 4-10 minutes, which an hour-against-hour z-score never saw. The rule "
-        "compares the last hour's median with the run's 6-hour low.",
+        "compares each of the last 3 steps, or the median of the last 10, with the run's first 10 steps, "
+        "and wants the rise over ${actor/entropy:rise_noise} times their spread: sparse-reward agent runs "
+        "swing from 0.17 to 1.25 around a flat level.",
+    "VerlNoLearningSignal":
+        "The guide's advantages near 0 fired on sparse-reward agent runs, where 70-80% of steps have every "
+        "advantage 0 and the run still learns from the rest. A streak of such steps counts once it is as "
+        "unlikely as ${critic/advantages/max:no_signal_chance} for the run's own share of them.",
     "VerlResponseLengthCollapsed":
         "Real collapses (1,759 to 1 token in 12 steps, 970 to 9 tokens) have steps of 3-7 minutes before "
         "they collapse: too few for an hour's z-score. The rule compares 15-minute medians with the 6 hours "
