@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from record_keeper import RecordCollector
 
-from verl_exporter.sources import RecordsOnly, Source
+from verl_exporter.sources import Source
 from verl_exporter.sources.console import (
     WANDB_LINE_CHARS,
     carriage_segments,
@@ -269,17 +270,6 @@ def test_a_step_whose_only_pair_is_cut_is_a_parse_error(line):
 
 # Through a Source: the lines as the tail reads them from a file -------------------------------------------------
 
-class Recorder(RecordsOnly):
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-        self.errors: list[str] = []
-
-    def ingest(self, record: Record) -> None:
-        self.records.append(record)
-
-    def parse_error(self, source: str, reason: str = "") -> None:
-        self.errors.append(reason)
-
 
 LOG = "".join([
     "(TaskRunner pid=222265) {'trainer': {'experiment_name': 'grpo',\r(TaskRunner pid=222265) " + BAR + "\n",
@@ -300,7 +290,7 @@ def _records(tmp_path, text: str) -> tuple[list[Record], list[str]]:
     path = tmp_path / "fallback" / "console.log"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(text.encode())
-    store = Recorder()
+    store = RecordCollector()
     source = Source(str(path), store)
     source.settle()
     source.close()

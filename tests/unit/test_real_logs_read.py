@@ -8,25 +8,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from record_keeper import RecordCollector
 
-from verl_exporter.sources import RecordsOnly, Source
+from verl_exporter.sources import Source
 from verl_exporter.sources.console import _content
-from verl_exporter.store.records import Record
 
 REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared" / "real-runs"
 LOGS = sorted(path for path in REAL_RUNS.glob("*/*") if path.name != "SOURCE.md") if REAL_RUNS.is_dir() else []
-
-
-class Collector(RecordsOnly):
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-        self.errors: list[str] = []
-
-    def ingest(self, record: Record) -> None:
-        self.records.append(record)
-
-    def parse_error(self, source: str, reason: str) -> None:
-        self.errors.append(reason)
 
 
 def has_config_print(path: Path) -> bool:
@@ -42,7 +30,7 @@ def has_config_print(path: Path) -> bool:
 @pytest.mark.skipif(not LOGS, reason=f"the real logs are not here ({REAL_RUNS})")
 @pytest.mark.parametrize("path", LOGS or [Path("none")], ids=lambda path: path.parent.name)
 def test_a_real_log_reads_without_errors_and_names_its_run_from_its_config(path, caplog):
-    store = Collector()
+    store = RecordCollector()
     source = Source(str(path), store)
     with caplog.at_level(logging.WARNING, logger="verl_exporter"):
         for _ in range(10_000):
