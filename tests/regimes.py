@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from verl_exporter.history.timeline import read_file
+from verl_exporter.store.validation import is_validation_key
 
 SPARSE_SHARE = 0.7
 ZERO_GRADIENT_SHARE = 0.38
@@ -139,7 +140,7 @@ def small_batch(name: str, run: Run) -> Run:
 
 
 def _validates(values: dict[str, float]) -> bool:
-    return any(key.startswith(("val-core/", "val-aux/", "val/", "val-env/", "timing_s/testing")) for key in values)
+    return any(map(is_validation_key, values))
 
 
 def long_validation(name: str, run: Run) -> Run:
