@@ -8,6 +8,7 @@ import json
 import re
 import urllib.parse
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -21,10 +22,13 @@ class AlertingStack:
     -> ``receiver``. ``close`` stops everything it started."""
 
     def __init__(self, tmp_path: Path, exporter_args: list[str], *, time_scale: float,
-                 exporter_env: dict | None = None):
+                 exporter_env: dict | None = None, am_config_edit: Callable[[dict, str], dict] | None = None):
         self.receiver = Receiver().__enter__()
         am_config = tmp_path / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(local.alertmanager_config(self.receiver.url, tmp_path / "secrets")))
+        config = local.alertmanager_config(self.receiver.url, tmp_path / "secrets")
+        if am_config_edit is not None:  # (config, the receiver's URL) -> the config to run
+            config = am_config_edit(config, self.receiver.url)
+        am_config.write_text(yaml.safe_dump(config))
         self.alertmanager = start_alertmanager(tmp_path, am_config)
         self.exporter = start_exporter(tmp_path, *exporter_args, env=exporter_env)
         # Every runbook_url at this exporter's /runbook, as the shipped rules point at localhost:9945.

@@ -16,9 +16,10 @@ def scrape(**collectors) -> str:
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(name, ((label, value), ...)): value} of every sample, labels sorted."""
+    """{(name, ((label, value), ...)): value} of every sample, labels sorted; a label whose value is
+    empty is left out, as Prometheus reads it (a run of no known owner: ``user=""``, ``team=""``)."""
     return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        (sample.name, tuple(sorted((name, value) for name, value in sample.labels.items() if value))): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }

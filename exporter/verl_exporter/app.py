@@ -31,6 +31,7 @@ from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.config import reload
 from verl_exporter.config.options import Options, OptionsError, log_level
+from verl_exporter.config.teams import TeamsError, load_teams
 from verl_exporter.exposition import Exposition
 from verl_exporter.forensics import Forensics
 from verl_exporter.gpu.backend import GpuBackend
@@ -43,6 +44,7 @@ from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.sources import Ingestor, Source
 from verl_exporter.sources.open_files import OpenFiles
 from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.owners import Owners
 from verl_exporter.store.run_store import RunStore
 
 log = logging.getLogger("verl_exporter")
@@ -77,6 +79,7 @@ class Exporter:
                               max_runs=options.store_max_runs, retention=options.store_retention,
                               idle_retention=options.store_idle_retention)
         self.open_files = OpenFiles(open_file_cap(options.source_max_open_files))
+        self.owners = self._owners()
         patterns = list(options.source)
         if options.simulate:
             patterns.append(self._start_simulation())
@@ -117,14 +120,26 @@ class Exporter:
     def make_source(self, pattern: str, options: Options) -> Source:
         fmt = "config" if pattern == self.options.run_config else options.source_format  # --run.config
         return Source(pattern, self.store, fmt=fmt, project=options.project, experiment=options.experiment,
-                      open_files=self.open_files)
+                      open_files=self.open_files, owners=self.owners)
+
+    def _owners(self) -> Owners:
+        """The team of each run's owner: --owner.teams, else the Slurm account, else the pod's namespace."""
+        pod = KubernetesPod.from_env()
+        namespace = pod.namespace if pod is not None else ""
+        if not self.options.owner_teams:
+            return Owners(default_team=namespace)
+        try:
+            return Owners(load_teams(self.options.owner_teams), default_team=namespace)
+        except TeamsError as exc:
+            raise OptionsError(f"--owner.teams: {exc}") from None
 
     def _slurm(self) -> SlurmWatcher:
         """--slurm: the watcher of this node's Slurm jobs, which follows their output itself."""
         if self.options.job_pid is not None or self.options.job_match:
             raise OptionsError("--slurm finds the jobs' processes itself: drop --job.pid and --job.match")
         return SlurmWatcher(self.store, interval=lambda: self.options.slurm_poll_interval,
-                            source_interval=self.options.source_poll_interval, open_files=self.open_files)
+                            source_interval=self.options.source_poll_interval, open_files=self.open_files,
+                            owners=self.owners)
 
     def _training_collector(self) -> Collector:
         return TrainingCollector(self.store)
@@ -147,7 +162,7 @@ class Exporter:
         return NodeCollector(self.store if self.options.collector_training else None,
                              lambda: (self.options.project, self.options.experiment),
                              max_runs=lambda: self.options.node_max_runs,
-                             job_runs=self.slurm.node_runs if self.slurm is not None else None)
+                             job_runs=self.slurm.node_runs if self.slurm is not None else None, owners=self.owners)
 
     def _host_collector(self) -> Collector:
         # Under --slurm, verl_job_running is per run (the job info collector's), not the node's.

@@ -18,7 +18,8 @@ from functools import lru_cache
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 Built = GaugeMetricFamily | CounterMetricFamily  # what ``Family.new`` gives: a family samples are added to
-RUN = ("project", "experiment")
+# A run's labels: its names, its owner (the user whose file or job named it) and the owner's team.
+RUN = ("project", "experiment", "user", "team")
 GPU = ("gpu", "uuid")
 # The sample names a family ``N`` can show, in either exposition format, whatever its type.
 SAMPLE_SUFFIXES = ("", "_total", "_created", "_info", "_count", "_sum", "_bucket", "_gcount", "_gsum")
@@ -170,7 +171,7 @@ JOB = _by_key(
 # lacks is "" (partition on Kubernetes, namespace and pod on Slurm).
 JOB_INFO = _by_key(
     ("info", _gauge("verl_job_info", "The scheduler's job that writes the run (Slurm or Kubernetes); always 1.",
-                    (*RUN, "scheduler", "job_id", "job_name", "user", "partition", "namespace", "pod"))),
+                    (*RUN, "scheduler", "job_id", "job_name", "partition", "namespace", "pod"))),
     ("gpu", _gauge("verl_job_gpu_info", "A GPU of this node the run's job holds (gpu: its index, from the GPUs its "
                    "processes use, else the scheduler's list); always 1.", (*RUN, "gpu"))),
     ("ended", _gauge("verl_job_ended_timestamp_seconds", "When the run's job ended, and how the scheduler "

@@ -44,7 +44,7 @@ UID = "verl-fleet"
 # The nodes a fleet panel shows beside the fleet's figure: those that stand out (top-k).
 OFFENDERS = 10
 TITLE = "verl / Fleet overview"
-BY_RUN = "project, experiment"
+BY_RUN = "project, experiment, user, team"
 
 RUN_SET = f"group by ({BY_RUN}) (verl_training_run_info{{{RUNS}}})"
 FIRING = f'group by ({BY_RUN}) (ALERTS{{alertstate="firing", severity=~"warning|critical", {RUNS}}})'

@@ -53,6 +53,45 @@ def test_routes_by_severity(labels, receiver):
     assert result.stdout.strip() == receiver
 
 
+def test_the_on_call_route_lists_exactly_the_infrastructure_alerts():
+    """Who acts on each alert (``Group.audience``) decides its route: the on-call's route names every
+    alert of audience "oncall" and no other."""
+    config = yaml.safe_load(CONFIG.read_text())
+    match = re.fullmatch(r'alertname=~"([^"]+)"', config["route"]["routes"][0]["matchers"][0])
+    assert match is not None
+    oncall = {name for name, audience in render.audiences().items() if audience == "oncall"}
+    assert set(match.group(1).split("|")) == oncall
+    assert {"VerlGpuLost", "VerlExporterDown", "VerlTrainingStalled", "VerlTrainingJobCrashed"} <= oncall
+    assert not {"VerlEntropyCollapsing", "VerlNoLearningSignal", "VerlTrainingNonFinite",
+                "VerlResponsesTruncated"} & oncall
+
+
+def with_teams(tmp_path: Path) -> Path:
+    """The shipped config with a routing table of two teams, as an operator fills it in."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["route"]["routes"][-1:-1] = [{"matchers": [f'team="{team}"'], "receiver": team} for team in ("a", "b")]
+    config["receivers"] += [{"name": team, "webhook_configs": [{"url": f"http://127.0.0.1:9/{team}"}]}
+                            for team in ("a", "b")]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    (tmp_path / "templates").mkdir()
+    return path
+
+
+@pytest.mark.parametrize("labels, receiver", [
+    (["severity=warning", "alertname=VerlEntropyCollapsing", "team=a"], "a"),
+    (["severity=critical", "alertname=VerlTrainingNonFinite", "team=b"], "b"),
+    (["severity=critical", "alertname=VerlTrainingStalled", "team=a"], "pagerduty"),
+    (["severity=warning", "alertname=VerlGpuHot", "instance=node1:9945"], "slack-alerts"),
+    (["severity=warning", "alertname=VerlEntropyCollapsing", "team=c"], "slack-alerts"),
+    (["severity=critical", "alertname=VerlTrainingNonFinite"], "pagerduty"),
+], ids=["team-a", "team-b", "infrastructure-of-a-team", "gpu", "team-not-in-the-table", "no-team"])
+def test_training_alerts_go_to_the_runs_team_and_infrastructure_to_the_on_call(tmp_path, labels, receiver):
+    config = with_teams(tmp_path)
+    result = amtool("config", "routes", "test", f"--config.file={config}", f"--verify.receivers={receiver}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_routes_test_notices_a_wrong_receiver():
     result = amtool("config", "routes", "test", f"--config.file={CONFIG}", "--verify.receivers=slack-alerts",
                     "severity=critical")
@@ -61,11 +100,11 @@ def test_routes_test_notices_a_wrong_receiver():
 
 def test_grouping_inhibition_and_secrets():
     config = yaml.safe_load(CONFIG.read_text())
-    assert config["route"]["group_by"] == ["project", "experiment", "instance"]
+    assert config["route"]["group_by"] == ["project", "experiment", "user", "instance"]
     names = {alert.name for alert in render.alerts()}
     referenced = set()
     for rule in config["inhibit_rules"]:
-        assert rule["equal"] == ["project", "experiment", "instance"]
+        assert rule["equal"] == ["project", "experiment", "user", "instance"]
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
             match = re.fullmatch(r'alertname=~?"([^"]+)"', matcher)
             if match:
@@ -146,7 +185,7 @@ def test_local_config_keeps_the_routing_and_replaces_only_addresses_and_secrets(
     config = local.alertmanager_config("http://127.0.0.1:1234", tmp_path)
     shipped = yaml.safe_load(CONFIG.read_text())
     assert config["inhibit_rules"] == shipped["inhibit_rules"]
-    assert [r["matchers"] for r in config["route"]["routes"]] == [r["matchers"] for r in shipped["route"]["routes"]]
+    assert [r.get("matchers") for r in config["route"]["routes"]] == [r.get("matchers") for r in shipped["route"]["routes"]]
     assert (tmp_path / "pagerduty-routing-key").read_text().strip() == local.DUMMY_ROUTING_KEY
     assert (tmp_path / "slack-low-priority-webhook-url").read_text().strip() == "http://127.0.0.1:1234/slack/low-priority"
     path = tmp_path / "am.yml"

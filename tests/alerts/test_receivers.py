@@ -201,8 +201,11 @@ def enabled(tmp_path, monkeypatch, request):
     uncommented.write_text(uncomment(CONFIG.read_text(encoding="utf-8"), name), encoding="utf-8")
     config = local.alertmanager_config(receiver.url, tmp_path / "secrets", source=uncommented)
     config["route"]["receiver"] = name
-    for route in config["route"]["routes"]:
+    routes = list(config["route"]["routes"])
+    while routes:  # the on-call's routes by severity, and the catch-all's
+        route = routes.pop()
         route["receiver"] = name
+        routes += route.get("routes", [])
     key, field, _ = OPTIONS[name]
     option = next(r for r in config["receivers"] if r["name"] == name)[key][0]
     option[field] = at_stand_in(option[field], receiver.url)

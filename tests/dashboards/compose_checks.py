@@ -15,23 +15,37 @@ from dashboard_models import REPO
 
 # Port each service listens on inside the stack, and where that is decided.
 IMAGE_PORTS = {"prometheus": 9090, "alertmanager": 9093, "grafana": 3000}
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PINNED_IMAGE = re.compile(r"^[\w./-]+:v?\d+\.\d+\.\d+[\w.-]*$")
 
 
+class MissingVariable(ValueError):
+    """A ``${VAR:?message}`` (or ``${VAR?message}``) whose variable is not set: compose refuses to start."""
+
+
 def interpolate(text: str, env: dict[str, str] | None = None) -> str:
-    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR-default}`` with the given env (default: none set)."""
+    """Compose's ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?message}`` and
+    ``${VAR?message}`` with the given env (default: none set)."""
     env = env or {}
 
     def replace(match: re.Match) -> str:
-        name, default = match.group(1), match.group(3)
+        name, colon, kind, word = match.groups()
         value = env.get(name)
-        return value if value else (default or "")
+        unset = value is None or (colon == ":" and value == "")
+        if kind == "?" and unset:
+            raise MissingVariable(f"{name}: {word}")
+        return (word or "") if kind == "-" and unset else (value or "")
 
-    return re.sub(r"\$\{(\w+)(:?-([^}]*))?\}", replace, text).replace("$$", "$")
+    return re.sub(r"\$\{(\w+)(?:(:?)([-?])([^}]*))?\}", replace, text).replace("$$", "$")
 
 
 def load_compose(path: Path = REPO / "docker-compose.yml", env: dict[str, str] | None = None) -> dict:
     return yaml.safe_load(interpolate(path.read_text(encoding="utf-8"), env))
+
+
+def raw_compose(path: Path = REPO / "docker-compose.yml") -> dict:
+    """The compose file as written, its ``${...}`` left as they are."""
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
 def mounts(service: dict) -> list[dict]:
@@ -91,14 +105,20 @@ def network_owner(compose: dict, service: str) -> str:
     return mode.split(":", 1)[1] if mode.startswith("service:") else service
 
 
+def listen_address(name: str, service: dict) -> tuple[str, int | None]:
+    """Address and port a service listens on: its ``--web.listen-address`` flag, else its image's
+    default port on every address ("")."""
+    host, port = "", IMAGE_PORTS.get(name)
+    for arg in service.get("command", []) or []:
+        match = re.match(r"--web\.listen-address=(.*):(\d+)$", str(arg))
+        if match:
+            host, port = match.group(1), int(match.group(2))
+    return host, port
+
+
 def listen_port(name: str, service: dict) -> int | None:
     """Port a service listens on: its ``--web.listen-address`` flag, else its image's default."""
-    port = IMAGE_PORTS.get(name)
-    for arg in service.get("command", []) or []:
-        match = re.match(r"--web\.listen-address=.*:(\d+)$", str(arg))
-        if match:
-            port = int(match.group(1))
-    return port
+    return listen_address(name, service)[1]
 
 
 def listeners(compose: dict) -> dict[str, dict[int, list[str]]]:
@@ -164,18 +184,90 @@ def url_problems(compose: dict, client: str, urls: list[str]) -> list[str]:
     return problems
 
 
+def published_ports(service: dict) -> list[tuple[str, int]]:
+    """(host address, container port) of each port a service publishes; "" is every address."""
+    found = []
+    for published in service.get("ports", []):
+        if isinstance(published, dict):
+            found.append((str(published.get("host_ip", "")), int(published["target"])))
+            continue
+        parts = str(published).split("/")[0].rsplit(":", 2)
+        found.append((parts[0] if len(parts) == 3 else "", int(parts[-1])))
+    return found
+
+
 def published_port_problems(compose: dict) -> list[str]:
-    """Ports are published on 127.0.0.1 by namespace owners, and something listens on each."""
+    """Ports are published on 127.0.0.1 by namespace owners, and something that Docker can reach
+    (not on the container's loopback) listens on each."""
     problems = []
     for name, service in compose["services"].items():
-        for published in service.get("ports", []):
-            host_ip, _, container_port = str(published).split(":")
+        for host_ip, container_port in published_ports(service):
+            published = f"{host_ip}:{container_port}" if host_ip else str(container_port)
             if host_ip != "127.0.0.1":
                 problems.append(f"{name}: {published} is not bound to 127.0.0.1")
             if network_owner(compose, name) != name:
                 problems.append(f"{name}: publishes {published} but shares another service's network")
-            elif int(container_port) not in listeners(compose).get(name, {}):
+            elif container_port not in listeners(compose).get(name, {}):
                 problems.append(f"{name}: publishes {published} but nothing listens on {container_port}")
+            else:
+                for listener in listeners(compose)[name][container_port]:
+                    if listen_address(listener, compose["services"][listener])[0] in LOOPBACK:
+                        problems.append(f"{name}: publishes {published} but {listener} listens on loopback only")
+    return problems
+
+
+def published_on(compose: dict, name: str) -> list[str]:
+    """The host addresses where the port of service ``name`` is published ("": every address)."""
+    port = listen_port(name, compose["services"][name])
+    owner = compose["services"][network_owner(compose, name)]
+    return [host_ip for host_ip, container_port in published_ports(owner) if container_port == port]
+
+
+def environment(service: dict) -> dict[str, str]:
+    """A service's environment, from either compose syntax (mapping or ``NAME=value`` list)."""
+    env = service.get("environment", {}) or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {name: "" if value is None else str(value) for name, value in env.items()}
+
+
+def exposure_problems(compose: dict) -> list[str]:
+    """The stack is closed by default. Give it the file as written (``raw_compose``):
+
+    - Prometheus, Alertmanager and Grafana are published on loopback only, if at all;
+    - a published Prometheus has no lifecycle or admin API (POST /-/quit, /-/reload, deleting series);
+    - Alertmanager's API (silences) listens on the stack's loopback, or asks for a password
+      (``--web.config.file``);
+    - Grafana's admin password must be given (``${VAR:?message}``, or a ``__FILE`` secret), and
+      there is no anonymous access.
+    """
+    problems = []
+    services = compose["services"]
+    for name in IMAGE_PORTS:
+        if name in services:
+            port = listen_port(name, services[name])
+            problems += [f"{name}: port {port} is published on {host_ip or 'every address'}"
+                         for host_ip in published_on(compose, name) if host_ip not in LOOPBACK]
+    if "prometheus" in services and published_on(compose, "prometheus"):
+        for flag in ("--web.enable-lifecycle", "--web.enable-admin-api"):
+            if flag in (services["prometheus"].get("command") or []):
+                problems.append(f"prometheus: {flag} on a published port")
+    alertmanager = services.get("alertmanager")
+    if alertmanager is not None:
+        command = [str(arg) for arg in alertmanager.get("command") or []]
+        if (listen_address("alertmanager", alertmanager)[0] not in LOOPBACK
+                and not any(arg.startswith("--web.config.file=") for arg in command)):
+            problems.append("alertmanager: its API (silences) answers on every address, without a password")
+    grafana = services.get("grafana")
+    if grafana is not None:
+        env = environment(grafana)
+        password = env.get("GF_SECURITY_ADMIN_PASSWORD")
+        if password is None and "GF_SECURITY_ADMIN_PASSWORD__FILE" not in env:
+            problems.append("grafana: no GF_SECURITY_ADMIN_PASSWORD: the admin login is admin/admin")
+        elif password is not None and not re.fullmatch(r"\$\{\w+:?\?[^}]*\}", password):
+            problems.append(f"grafana: GF_SECURITY_ADMIN_PASSWORD {password!r} is not required from the user")
+        if env.get("GF_AUTH_ANONYMOUS_ENABLED", "false").lower() != "false":
+            problems.append("grafana: anonymous access is on")
     return problems
 
 

@@ -2,7 +2,8 @@
 
 No Docker engine runs here, so this checks what can be checked for real: the compose file parses,
 every path it mounts exists, its ports match prometheus/prometheus.yml and Grafana's data sources,
-images are pinned, and the exporter's command line is accepted by the exporter's own flag parser.
+images are pinned, the exporter's command line is accepted by the exporter's own flag parser, and
+the stack is closed by default (loopback only, no lifecycle API, no default Grafana password).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import re
 import pytest
 import yaml
 from compose_checks import (
+    MissingVariable,
     container_to_host,
+    exposure_problems,
     image_problems,
+    interpolate,
     load_compose,
     mount_problems,
     prometheus_targets,
     published_port_problems,
+    raw_compose,
     target_problems,
     url_problems,
 )
@@ -29,7 +34,8 @@ from dashboard_models import REPO
 from verl_exporter import shipped
 from verl_exporter.config.options import OptionsError, load_options
 
-COMPOSE = load_compose()
+STACK_ENV = {"GRAFANA_ADMIN_PASSWORD": "the-users-own-password"}  # what `docker compose up` needs set
+COMPOSE = load_compose(env=STACK_ENV)
 PROMETHEUS_YML = REPO / "prometheus" / "prometheus.yml"
 PROVISIONING = REPO / "grafana" / "provisioning"
 
@@ -85,7 +91,13 @@ def test_a_port_mismatch_is_reported():
     alone = copy.deepcopy(COMPOSE)
     del alone["services"]["alertmanager"]["network_mode"]
     assert any("nothing listens on 9093" in p for p in target_problems(alone, prom))
+    alone["services"]["prometheus"]["ports"].append("127.0.0.1:9093:9093")
     assert any("nothing listens on 9093" in p for p in published_port_problems(alone))
+    # Docker forwards a published port to the container's address, not to its loopback.
+    published = copy.deepcopy(COMPOSE)
+    published["services"]["prometheus"]["ports"].append("127.0.0.1:9093:9093")
+    assert published_port_problems(published) == [
+        "prometheus: publishes 127.0.0.1:9093 but alertmanager listens on loopback only"]
 
 
 def test_rule_files_of_prometheus_yml_are_mounted():
@@ -150,7 +162,47 @@ def test_grafana_loads_the_generated_dashboards():
 def test_published_ports_are_local_and_served():
     assert published_port_problems(COMPOSE) == []
     published = {int(p.split(":")[-1]) for p in COMPOSE["services"]["prometheus"]["ports"]}
-    assert published == {9090, 9093, 3000, 9945}
+    assert published == {9090, 3000, 9945}  # Alertmanager only on the stack's loopback
+
+
+def test_the_stack_is_closed_by_default():
+    assert exposure_problems(raw_compose()) == []
+    assert exposure_problems(merged_compose(raw_compose(), raw_compose(SECURED))) == []
+    command = COMPOSE["services"]["alertmanager"]["command"]
+    assert "--web.listen-address=127.0.0.1:9093" in command  # Prometheus and Grafana reach it there
+
+
+def test_an_open_stack_is_reported():
+    opened = raw_compose()
+    services = opened["services"]
+    services["prometheus"]["ports"] = ["9090:9090", "0.0.0.0:9093:9093", {"target": 3000, "published": 3000}]
+    services["prometheus"]["command"].append("--web.enable-lifecycle")
+    services["alertmanager"]["command"] = [arg for arg in services["alertmanager"]["command"]
+                                           if not arg.startswith("--web.listen-address=")]
+    env = services["grafana"]["environment"]
+    env.update(GF_SECURITY_ADMIN_PASSWORD="admin", GF_AUTH_ANONYMOUS_ENABLED="true")
+    assert exposure_problems(opened) == [
+        "prometheus: port 9090 is published on every address",
+        "alertmanager: port 9093 is published on 0.0.0.0",
+        "grafana: port 3000 is published on every address",
+        "prometheus: --web.enable-lifecycle on a published port",
+        "alertmanager: its API (silences) answers on every address, without a password",
+        "grafana: GF_SECURITY_ADMIN_PASSWORD 'admin' is not required from the user",
+        "grafana: anonymous access is on",
+    ]
+    del env["GF_SECURITY_ADMIN_PASSWORD"]
+    assert "grafana: no GF_SECURITY_ADMIN_PASSWORD: the admin login is admin/admin" in exposure_problems(opened)
+    env["GF_SECURITY_ADMIN_PASSWORD"] = "${GRAFANA_ADMIN_PASSWORD:-admin}"  # a default is no better
+    assert "grafana: GF_SECURITY_ADMIN_PASSWORD '${GRAFANA_ADMIN_PASSWORD:-admin}' is not required from the user" \
+        in exposure_problems(opened)
+
+
+def test_compose_refuses_to_start_without_a_grafana_password():
+    for env in (None, {"GRAFANA_ADMIN_PASSWORD": ""}):
+        with pytest.raises(MissingVariable, match="GRAFANA_ADMIN_PASSWORD"):
+            load_compose(env=env)
+    assert COMPOSE["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "the-users-own-password"
+    assert interpolate("${A?a} ${B-b} ${C:-c} ${D-d}", {"A": "", "B": "", "D": "x"}) == "  c x"
 
 
 def test_exporter_dockerfile():
@@ -196,8 +248,9 @@ def merged_compose(base: dict, override: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def secured():
-    override = load_compose(SECURED, env={"VERL_WEB_CONFIG_DIR": SECRETS_DIR})
-    return override, merged_compose(load_compose(env={"VERL_WEB_CONFIG_DIR": SECRETS_DIR}), override)
+    env = {**STACK_ENV, "VERL_WEB_CONFIG_DIR": SECRETS_DIR}
+    override = load_compose(SECURED, env=env)
+    return override, merged_compose(load_compose(env=env), override)
 
 
 def test_secured_exporters_add_only_the_web_config_flag(secured):

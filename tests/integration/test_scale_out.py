@@ -10,7 +10,8 @@ members 0 and 1 of one cluster of scrapers (``-promscrape.cluster.membersCount=2
 into one VictoriaMetrics; one vmalert evaluates the shipped rule files against it, unchanged (every
 group at a 1 s interval). Then: each target is scraped by exactly one member, the recording rules
 are written back, and every query of the three dashboards is answered by VictoriaMetrics the way
-Grafana asks Prometheus.
+Grafana asks Prometheus. Last, a member of a cluster that VictoriaMetrics scrapes with the shipped
+``scrapers.yml`` is killed: VerlScrapeShardDown fires for it, where VerlExporterDown cannot.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO / "tests" / "dashboards"))
 from dashboard_models import panels, substitute  # noqa: E402
 from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
 
+from verl_exporter.alerting import local  # noqa: E402
 from verl_exporter.shipped import rule_files  # noqa: E402
 
 CONFIG_DIR = REPO / "prometheus" / "victoriametrics"
@@ -42,9 +44,9 @@ OTHER_SOURCES = {"Requests running and waiting", "KV-cache usage", "Generation t
                  "Preemptions per second"}
 
 
-def start_vmagent_member(tmp_path, scrape_config, member: int, remote_write_url: str) -> Server:
+def start_vmagent_member(tmp_path, scrape_config, member: int, remote_write_url: str, port: int = 0) -> Server:
     """vmagent as member ``member`` of a cluster of MEMBERS scrapers, with the shipped scrape config."""
-    port = free_port()
+    port = port or free_port()
     workdir = tmp_path / f"vmagent-{member}-{port}"
     workdir.mkdir()
     cmd = [require_binary("vmagent"), f"-httpListenAddr=127.0.0.1:{port}", f"-promscrape.config={scrape_config}",
@@ -247,3 +249,74 @@ def test_dashboard_query_is_answered_by_the_scaled_out_store(recorded, variable_
     if title in OTHER_SOURCES or "ALERTS" in expr or "verl_job_info" in expr:
         return  # answered (run_query fails on an error); their series come from elsewhere
     assert result, f"{filename} panel {title!r} returned nothing from the scaled-out store: {expr}"
+
+
+def shipped_scrapers_config(tmp_path, members: list[str]) -> Path:
+    """The shipped scrapers.yml (VictoriaMetrics scraping the vmagent members) listing ``members``, every second."""
+    config = yaml.safe_load((CONFIG_DIR / "scrapers.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s"}
+    (job,) = config["scrape_configs"]
+    job["static_configs"] = [{"targets": members}]
+    path = tmp_path / "scrapers.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_shipped_scrapers_config_is_strict_vmagent_config():
+    result = vmagent_check(CONFIG_DIR / "scrapers.yml", "-promscrape.config.strictParse=true")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (job,) = yaml.safe_load((CONFIG_DIR / "scrapers.yml").read_text())["scrape_configs"]
+    assert job["job_name"] == "vmagent"  # VerlScrapeShardDown watches up{job="vmagent"}
+
+
+def firing(vmalert: Server, name: str) -> list[dict]:
+    alerts = json.loads(vmalert.get("/api/v1/alerts")[1])["data"]["alerts"] or []
+    return [alert["labels"] for alert in alerts if alert["name"] == name and alert["state"] == "firing"]
+
+
+def test_a_dead_member_fires_verl_scrape_shard_down(tmp_path):
+    """Kill the member that scrapes an exporter: that exporter's up series stops (no up == 0, so no
+    VerlExporterDown), and VerlScrapeShardDown fires for the member, from VictoriaMetrics' scrape of
+    the members. The shipped operations rules, durations divided by 60 (its 5m wait is 5 s)."""
+    servers = []
+    try:
+        for name in ("a", "b", "c", "d"):
+            servers.append(start_exporter(tmp_path, "--project", "demo", "--experiment", name))
+        exporters = [f"127.0.0.1:{server.port}" for server in servers]
+        ports = [free_port() for _ in range(MEMBERS)]
+        members = [f"127.0.0.1:{port}" for port in ports]
+        vm = start_victoria_metrics(tmp_path, f"-promscrape.config={shipped_scrapers_config(tmp_path, members)}")
+        servers.append(vm)
+        scrape_config = shipped_scrape_config(tmp_path, exporters)
+        vmagents = [start_vmagent_member(tmp_path, scrape_config, member, f"{vm.url}/api/v1/write", ports[member])
+                    for member in range(MEMBERS)]
+        servers += vmagents
+        am_config = tmp_path / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump({"route": {"receiver": "none"}, "receivers": [{"name": "none"}]}))
+        servers.append(alertmanager := start_alertmanager(tmp_path, am_config))
+        rules = [path for path in local.write_rules(tmp_path / "rules", time_scale=1 / 60, min_range=3)
+                 if path.name == "verl-operations.rules.yml"]
+        servers.append(vmalert := start_vmalert(tmp_path, rules, vm, alertmanager))
+
+        def query(expr: str) -> set[str]:
+            body = vm.get("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))[1]
+            return {r["metric"]["instance"] for r in json.loads(body)["data"]["result"]}
+
+        shares = shares_of_all(vmagents, set(exporters))
+        dead = next(member for member in range(MEMBERS) if shares[member])  # one that scrapes something
+        wait_until(lambda: query('up{job="verl"} == 1') == set(exporters)
+                   and query('up{job="vmagent"} == 1') == set(members), timeout=TIMEOUT,
+                   message="every exporter and every member up in VictoriaMetrics")
+        assert firing(vmalert, "VerlScrapeShardDown") == []
+
+        vmagents[dead].process.kill()  # a crash: no goodbye, no stale markers
+        shard_down = wait_until(lambda: firing(vmalert, "VerlScrapeShardDown"), timeout=30,
+                                message="VerlScrapeShardDown firing for the killed member")
+        assert [(alert["job"], alert["instance"]) for alert in shard_down] == [("vmagent", members[dead])]
+        # The killed member's exporters: no sample of their up since (gone, not 0), no VerlExporterDown.
+        assert query('last_over_time(up{job="verl"}[3s])') == set(exporters) - shares[dead]
+        assert query('up{job="verl"} == 0') == set()
+        assert firing(vmalert, "VerlExporterDown") == []
+    finally:
+        for server in reversed(servers):
+            server.stop()

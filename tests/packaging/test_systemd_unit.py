@@ -1,5 +1,5 @@
-"""The shipped systemd unit for Slurm compute nodes: systemd accepts it, and the exporter accepts its
-command line."""
+"""The shipped systemd unit for Slurm compute nodes: systemd accepts it, the exporter accepts its
+command line, and its limits leave the exporter its threads, its memory and the host's /tmp."""
 
 from __future__ import annotations
 
@@ -39,6 +39,30 @@ def test_the_unit_keeps_only_the_capabilities_the_daemon_needs():
     assert set(service["AmbientCapabilities"].split()) == needed
     assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "yes"
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP reloads the options
+
+
+def test_the_units_limits_fit_the_exporter():
+    service = unit()["Service"]
+    # threads: HTTP pools, the bounded pool of readers, hung readers, py-spy captures (see the unit)
+    assert int(service["TasksMax"]) >= 256
+    high, most = _bytes(service["MemoryHigh"]), _bytes(service["MemoryMax"])
+    assert 512 << 20 <= high < most  # reclaimed before it is killed
+    options = load_options(shlex.split(service["ExecStart"])[1:])
+    store_bytes = options.store_max_runs * options.store_max_series_per_run * 300  # ~300 bytes a series
+    assert store_bytes * 4 < high  # the store, a scrape's text of it and the rest fit under MemoryHigh
+
+
+def test_the_unit_reads_the_hosts_tmp():
+    """Jobs that write their logs under /tmp are followed: no private /tmp, the host's read-only."""
+    service = unit()["Service"]
+    assert service.get("PrivateTmp", "no") == "no"
+    assert service["ReadOnlyPaths"] == "/" and service["ProtectSystem"] == "strict"
+
+
+def _bytes(size: str) -> int:
+    """A systemd size (``512M``, ``1G``) in bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
 
 
 def test_systemd_verifies_the_unit(tmp_path):

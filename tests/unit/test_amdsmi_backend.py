@@ -35,7 +35,7 @@ class StubJob:
 
 
 def one(values, metric, /, **labels):
-    wanted = {k: str(v) for k, v in labels.items()}
+    wanted = {k: str(v) for k, v in labels.items() if str(v)}  # an empty label is no label
     found = [v for (n, lbls), v in values.items() if n == metric and wanted.items() <= dict(lbls).items()]
     assert len(found) == 1, f"expected one {metric}{labels}, got {found}"
     return found[0]

@@ -12,6 +12,7 @@ import math
 import pytest
 from record_keeper import RecordCollector
 
+from owner import ME
 from verl_exporter.sources import Source
 from verl_exporter.sources.console import (
     WANDB_LINE_CHARS,
@@ -307,7 +308,7 @@ def _shown(record: Record) -> tuple:
 def test_a_source_reads_every_segment_of_a_line_end_to_end(tmp_path):
     records, errors = _records(tmp_path, LOG)
     assert errors == ["step is not an integer: 'x'"]
-    assert {record.run for record in records} == {RunKey("gsm8k", "grpo")}  # the config print named it
+    assert {record.run for record in records} == {RunKey("gsm8k", "grpo", ME)}  # the config print named it
     assert [record.run_config for record in records if record.run_config] == [
         {"trainer.experiment_name": "grpo", "trainer.project_name": "gsm8k"}]
     assert [_shown(record) for record in records if not record.run_config] == [

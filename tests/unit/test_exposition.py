@@ -62,7 +62,7 @@ def test_a_name_no_utf8_encodes_leaves_out_its_run_not_the_others():
     text = registry.text()
     assert text == generate_latest(registry.registry)
     assert b'verl_exporter_collector_success{collector="training"} 1.0' in text
-    assert b'verl_actor_pg_loss{experiment="good",project="p"} 0.2' in text and b"bad" not in text
+    assert b'verl_actor_pg_loss{experiment="good",project="p",team="",user=""} 0.2' in text and b"bad" not in text
 
 
 def test_concurrent_scrapes_share_renderings():
@@ -148,8 +148,8 @@ def test_a_scrape_of_an_unchanged_store_copies_no_run(monkeypatch):
     store.ingest(Record(RunKey("project0", "run0"), 4, {"actor/pg_loss": 2.0}, 101.0))
     body, _ = exposition.encode(openmetrics)
     assert copies == [RunKey("project0", "run0")] and b'run="run0"' not in body
-    assert b'verl_actor_pg_loss{experiment="run0",project="project0"} 2.0' in body
-    assert b'verl_actor_pg_loss{experiment="run0",project="project0"} 2.0' in exposition.text()
+    assert b'verl_actor_pg_loss{experiment="run0",project="project0",team="",user=""} 2.0' in body
+    assert b'verl_actor_pg_loss{experiment="run0",project="project0",team="",user=""} 2.0' in exposition.text()
     assert len(copies) == 2
 
 

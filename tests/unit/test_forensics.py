@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import bcrypt
 import pytest
 
+from owner import ME
 from servers import http_get
 from verl_exporter.collectors.gpu import GpuCollector
 from verl_exporter.config.options import OPTIONS, OptionsError, load_options
@@ -28,7 +29,7 @@ from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import Record, RunKey
 from verl_exporter.store.run_store import RunStore
 
-RUN = RunKey("gsm8k", "ppo-qwen")
+RUN = RunKey("gsm8k", "ppo-qwen", ME)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -139,11 +140,11 @@ def test_finished_runs_do_not_stall():
 def test_the_jobs_exit_is_a_stall_of_this_nodes_unfinished_runs_after_a_grace():
     clock = Clock()
     store = make_store(clock)
-    other = RunKey("shared", "someone-else")
+    other = RunKey("shared", "someone-else", ME)
     watch = StallWatch(store, stall_after=3600, exit_grace=2.0, clock=clock)
     step(store, clock, 1)
     step(store, clock, 1, run=other)
-    mine = lambda: [("gsm8k", "ppo-qwen")]  # noqa: E731
+    mine = lambda: [RUN]  # noqa: E731
     assert watch.check(False, mine) == []  # never seen running: an old log, not an exit
     assert watch.check(True, mine) == []
     clock.now += 1
@@ -160,7 +161,7 @@ def test_at_most_limit_stalls_per_check_the_others_next_time():
     store = make_store(clock)
     watch = StallWatch(store, stall_after=60, clock=clock)
     for index in range(3):
-        step(store, clock, 1, run=RunKey("p", f"e{index}"))
+        step(store, clock, 1, run=RunKey("p", f"e{index}", ME))
     clock.now += 61
     assert len(watch.check(limit=2)) == 2
     assert len(watch.check(limit=2)) == 1
@@ -339,7 +340,7 @@ class FakeJob:
         return list(self._processes)
 
 
-def stalled_forensics(tmp_path, *, node_runs=lambda: [("gsm8k", "ppo-qwen")], py_spy=lambda: None, **kwargs):
+def stalled_forensics(tmp_path, *, node_runs=lambda: [RUN], py_spy=lambda: None, **kwargs):
     clock = Clock()
     store = make_store(clock)
     log = tmp_path / "train.log"
@@ -358,7 +359,7 @@ def stalled_forensics(tmp_path, *, node_runs=lambda: [("gsm8k", "ppo-qwen")], py
 def test_a_capture_holds_why_the_phase_errors_gpus_stacks_and_the_tail(tmp_path):
     forensics, clock, oom = stalled_forensics(tmp_path)
     [stall] = forensics.check()
-    text = forensics.evidence("gsm8k", "ppo-qwen")
+    text = forensics.evidence(RUN)
     assert text.startswith('verl-exporter evidence\nrun: project="gsm8k" experiment="ppo-qwen"\n')
     assert f"why: {stall.why}\n" in text and "last step: 79 at" in text
     assert "last phase: step (in " in text and "step:79 - timing_s/step:10.0" in text
@@ -367,13 +368,14 @@ def test_a_capture_holds_why_the_phase_errors_gpus_stacks_and_the_tail(tmp_path)
     assert "== stacks (py-spy dump) ==\n" + stacks.MISSING_HINT in text
     assert "== last 50 lines of " in text and "step:30 " in text and "step:29 " not in text
     assert forensics.check() == []  # once per stall
-    assert forensics.evidence("gsm8k", "other") is None
+    assert forensics.evidence(RunKey("gsm8k", "other", ME)) is None
+    assert forensics.evidence(RunKey("gsm8k", "ppo-qwen", ME + "-other")) is None  # another user's run of the names
 
 
 def test_other_runs_of_a_shared_directory_get_no_stacks_or_gpus(tmp_path):
     forensics, clock, _ = stalled_forensics(tmp_path, node_runs=lambda: [])
     forensics.check()
-    text = forensics.evidence("gsm8k", "ppo-qwen")
+    text = forensics.evidence(RUN)
     assert text.count("not captured: this exporter follows more unfinished runs") == 2
     assert "torch.OutOfMemoryError" in text
 
@@ -382,7 +384,7 @@ def test_a_capture_is_bounded_in_size(tmp_path):
     clock = Clock()
     store = make_store(clock)
     forensics = Forensics(store, job=FakeJob([fake_process(pid) for pid in range(32)]),
-                          node_runs=lambda: [("gsm8k", "ppo-qwen")], stall_after=60, clock=clock,
+                          node_runs=lambda: [RUN], stall_after=60, clock=clock,
                           py_spy=lambda: "/bin/py-spy", max_bytes=64 * 1024)
     for index in range(8):
         log = tmp_path / f"rank{index}.log"
@@ -397,7 +399,7 @@ def test_a_capture_is_bounded_in_size(tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stacks.subprocess, "run", run)
         forensics.check()
-    text = forensics.evidence("gsm8k", "ppo-qwen")
+    text = forensics.evidence(RUN)
     assert len(text.encode()) <= 64 * 1024 and "[cut:" in text
     assert text.startswith("verl-exporter evidence\n") and "== errors the log shows: traceback 40 ==" in text
     big = render(Stall(RUN, "no_step", "why", []), None, now=clock.now, stacks="s" * 10**6, gpus="g" * 10**6,
@@ -413,13 +415,13 @@ def test_files_are_named_safely_for_any_run_name(tmp_path):
     names = ["../../etc/passwd", "a/b", "a?b", ".hidden", "", "\u00fcber \u5b9f\u9a13", "x" * 400, "nul\x00byte",
              "\ud800lone surrogate"]
     for index, project in enumerate(names):
-        path = Path(archive.put(RunKey(project, "exp/1"), f"evidence {index}", 1_000_000.0 + index))
+        path = Path(archive.put(RunKey(project, "exp/1", ME), f"evidence {index}", 1_000_000.0 + index))
         assert path.parent == tmp_path / "evidence" and path.exists()
         assert len(path.name) < 200 and not path.name.startswith(".")
         assert set(path.name) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
     assert len(archive.files()) == len(names)
     assert safe_name("a/b") == safe_name("a?b") == "a_b"
-    assert file_name(RunKey("a/b", "e"), 0) != file_name(RunKey("a?b", "e"), 0)  # kept apart by the hash
+    assert file_name(RunKey("a/b", "e", ME), 0) != file_name(RunKey("a?b", "e", ME), 0)  # kept apart by the hash
 
 
 def test_retention_keeps_the_newest_files_and_leaves_others_alone(tmp_path):
@@ -427,30 +429,30 @@ def test_retention_keeps_the_newest_files_and_leaves_others_alone(tmp_path):
     archive = EvidenceArchive(str(directory), retention=3)
     (directory / "notes.txt").write_text("mine")
     for index in range(5):
-        archive.put(RunKey("p", f"e{index}"), f'verl-exporter evidence\nrun: project="p" experiment="e{index}"\n',
+        archive.put(RunKey("p", f"e{index}", ME), f'verl-exporter evidence\nrun: project="p" experiment="e{index}"\n',
                     1_000_000.0 + index)
     files = archive.files()
     assert len(files) == 3 and [f.name.split("-")[3] for f in files] == ["e2", "e3", "e4"]
     assert (directory / "notes.txt").read_text() == "mine"
     restarted = EvidenceArchive(str(directory), retention=3)  # memory is gone: served from the files
-    assert restarted.get(RunKey("p", "e4")).endswith('experiment="e4"\n')
-    assert restarted.get(RunKey("p", "e0")) is None
+    assert restarted.get(RunKey("p", "e4", ME)).endswith('experiment="e4"\n')
+    assert restarted.get(RunKey("p", "e0", ME)) is None
 
 
 def test_memory_keeps_the_latest_capture_of_a_bounded_number_of_runs():
     archive = EvidenceArchive(max_runs=2)
     for index in range(3):
-        archive.put(RunKey("p", f"e{index}"), f"text {index}", float(index))
-    archive.put(RunKey("p", "e2"), "newer", 9.0)
-    assert archive.get(RunKey("p", "e0")) is None and archive.get(RunKey("p", "e2")) == "newer"
-    assert archive.runs() == [RunKey("p", "e1"), RunKey("p", "e2")]
+        archive.put(RunKey("p", f"e{index}", ME), f"text {index}", float(index))
+    archive.put(RunKey("p", "e2", ME), "newer", 9.0)
+    assert archive.get(RunKey("p", "e0", ME)) is None and archive.get(RunKey("p", "e2", ME)) == "newer"
+    assert archive.runs() == [RunKey("p", "e1", ME), RunKey("p", "e2", ME)]
 
 
 def test_evidence_files_are_written_when_a_dir_is_given(tmp_path):
     forensics, clock, _ = stalled_forensics(tmp_path, directory=str(tmp_path / "ev"), retention=5)
     forensics.check()
     [path] = forensics.archive.files()
-    assert path.read_text() == forensics.evidence("gsm8k", "ppo-qwen")
+    assert path.read_text() == forensics.evidence(RUN)
     assert path.stat().st_mode & 0o077 == 0
 
 
@@ -460,9 +462,9 @@ def test_evidence_files_are_written_when_a_dir_is_given(tmp_path):
 @pytest.fixture
 def evidence_server():
     hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))
-    texts = {("gsm8k", "ppo-qwen"): "verl-exporter evidence\nsome text\n"}
+    texts = {RUN: "verl-exporter evidence\nsome text\n"}
     server, _ = serve(("127.0.0.1", 0), Exposition([]), web=WebConfig(users={"prometheus": hashed}),
-                      evidence=lambda project, experiment: texts.get((project, experiment)))
+                      evidence=texts.get)
     yield f"http://127.0.0.1:{server.server_address[1]}", server
     server.shutdown()
     server.server_close()
@@ -474,7 +476,7 @@ def basic(user, password):
 
 def test_the_endpoint_asks_for_the_password_like_metrics(evidence_server):
     url, _ = evidence_server
-    path = "/debug/evidence?project=gsm8k&experiment=ppo-qwen"
+    path = f"/debug/evidence?project=gsm8k&experiment=ppo-qwen&user={ME}"
     assert http_get(url + path)[0] == 401
     assert http_get(url + path, headers=basic("prometheus", "wrong"))[0] == 401
     assert http_get(url + path, headers=basic("prometheus", "secret")) == (200, "verl-exporter evidence\nsome text\n")
@@ -484,8 +486,10 @@ def test_the_endpoint_asks_for_the_password_like_metrics(evidence_server):
     ("", 400, "want ?project=P&experiment=E"),
     ("?project=gsm8k", 400, "want ?project=P&experiment=E"),
     ("?project=gsm8k&experiment=", 400, "want ?project=P&experiment=E"),
-    ("?project=gsm8k&experiment=other", 404, "no evidence for project='gsm8k' experiment='other'"),
-    ("?project=gsm8k&experiment=ppo%2Dqwen", 200, "verl-exporter evidence"),
+    (f"?project=gsm8k&experiment=other&user={ME}", 404,
+     f"no evidence for project='gsm8k' experiment='other' user={ME!r}"),
+    ("?project=gsm8k&experiment=ppo-qwen", 404, "no evidence for project='gsm8k' experiment='ppo-qwen' user=''"),
+    (f"?project=gsm8k&experiment=ppo%2Dqwen&user={ME}", 200, "verl-exporter evidence"),
 ])
 def test_the_endpoints_answers(evidence_server, query, code, message):
     url, _ = evidence_server
@@ -553,15 +557,16 @@ def test_the_evidence_collector_serves_the_latest_captures_with_their_frames():
     from verl_exporter.store.records import RunKey
 
     class Captured:
-        captured = {RunKey("gsm8k", "hung"): (1000.0, "wait_for_allreduce (hung.py:5)"),
-                    RunKey("gsm8k", "denied"): (2000.0, "")}
+        captured = {RunKey("gsm8k", "hung", ME): (1000.0, "wait_for_allreduce (hung.py:5)"),
+                    RunKey("gsm8k", "denied", ME): (2000.0, "")}
 
     registry = CollectorRegistry()
     registry.register(EvidenceCollector(Captured()))
     text = generate_latest(registry).decode()
-    assert ('verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k"}'
-            ' 1.0') in text
-    assert 'verl_evidence_captured_timestamp_seconds{experiment="denied",project="gsm8k"} 2000.0' in text
+    assert ('verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:5)",project="gsm8k",'
+            f'team="",user="{ME}"}} 1.0') in text
+    assert (f'verl_evidence_captured_timestamp_seconds{{experiment="denied",project="gsm8k",team="",user="{ME}"}} '
+            '2000.0') in text
     assert 'frame=""' not in text
     assert {"verl_evidence_top_frame_info", "verl_evidence_captured_timestamp_seconds"} <= reserved_names()
 
@@ -584,7 +589,7 @@ def test_under_slurm_a_runs_evidence_holds_its_own_jobs_stacks_only(tmp_path, mo
     job's (its command line may hold a secret)."""
     clock = Clock()
     store = make_store(clock)
-    other = RunKey("root", "secret-job")
+    other = RunKey("root", "secret-job", ME)
     for run in (RUN, other):
         step(store, clock, 1, 10.0, run=run, source=str(tmp_path / f"{run.experiment}.log"))
     processes = [fake_process(11, "python train.py"), fake_process(22, "python serve.py --api-key=hunter2")]
@@ -592,11 +597,11 @@ def test_under_slurm_a_runs_evidence_holds_its_own_jobs_stacks_only(tmp_path, mo
     run = fake_py_spy({11: (0, "Thread 11 (idle)\n    train (train.py:1)\n", ""),
                        22: (0, "Thread 22 (idle)\n    serve (serve.py:9)\n", "")})
     monkeypatch.setattr(stacks.subprocess, "run", lambda argv, **kw: dumped.append(int(argv[3])) or run(argv, **kw))
-    forensics = Forensics(store, job=FakeJob(processes), node_runs=lambda: [(RUN.project, RUN.experiment)],
+    forensics = Forensics(store, job=FakeJob(processes), node_runs=lambda: [RUN],
                           stall_after=60, clock=clock, py_spy=lambda: "/bin/py-spy",
                           pids_of_run=lambda key: {11} if key == RUN else {22})
     clock.now += 61
     assert RUN in {s.run for s in forensics.check()}
-    text = forensics.evidence(RUN.project, RUN.experiment)
+    text = forensics.evidence(RUN)
     assert "train.py" in text and "hunter2" not in text and "serve.py" not in text
     assert 22 not in dumped

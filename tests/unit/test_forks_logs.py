@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from owner import ME
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.sources import Source
 from verl_exporter.sources.console import WANDB_LINE_CHARS, parse_console_line
@@ -83,8 +84,9 @@ def test_a_flat_file_is_served_and_counts_no_parse_error(tmp_path):
     snapshot = store.snapshot()
     assert snapshot.parse_errors == {}
     [state] = snapshot.runs
-    assert state.run == RunKey("alfworld", "grpo") and state.last_step == 5 and state.steps_ingested == 5
-    assert served(store)[("verl_actor_pg_loss", (("experiment", "grpo"), ("project", "alfworld")))] == 0.5
+    assert state.run == RunKey("alfworld", "grpo", ME) and state.last_step == 5 and state.steps_ingested == 5
+    assert served(store)[("verl_actor_pg_loss", (("experiment", "grpo"), ("project", "alfworld"), ("team", ""),
+                                                 ("user", ME)))] == 0.5
 
 
 # One job, two files.
@@ -97,6 +99,7 @@ def test_a_flat_file_is_served_and_counts_no_parse_error(tmp_path):
 def test_a_jobs_stdout_and_stderr_are_one_job(stdout, stderr):
     assert job_stem(stdout) == job_stem(stderr)
     assert job_of(f"/logs/a/{stdout}") == job_of(f"/logs/a/{stderr}") != job_of(f"/logs/b/{stderr}")
+    assert job_of(f"/logs/a/{stdout}", 1000) == job_of(f"/logs/a/{stderr}", 1000) != job_of(f"/logs/a/{stderr}", 1001)
 
 
 @pytest.mark.parametrize("one, other", [("X.log", "Y.err"), ("checkout.log", "check.err"), ("run.log", "run2.err"),
@@ -117,10 +120,10 @@ def test_the_oom_only_in_stderr_feeds_the_run_its_stdout_named(tmp_path, pattern
     write_job(folder, CONFIG_PRINT + STEP.format(step=0), DRIVER_OOM)
     store = RunStore(default_catalog())
     Source(str(folder / pattern), store).settle()
-    run = (("experiment", "ppo-16-32"), ("project", "frozen_lake"))
+    run = (("experiment", "ppo-16-32"), ("project", "frozen_lake"), ("team", ""), ("user", ME))
     assert fatal_series(store) == {(*run[:1], ("kind", "cuda_oom"), *run[1:]): 0.0}
     assert served(store)[("verl_training_log_errors_total", (*run[:1], ("kind", "cuda_oom"), *run[1:]))] == 1.0
-    assert [state.run for state in store.snapshot().runs] == [RunKey("frozen_lake", "ppo-16-32")]
+    assert [state.run for state in store.snapshot().runs] == [RunKey("frozen_lake", "ppo-16-32", ME)]
 
 
 def test_the_stderr_read_first_still_names_its_run_from_the_path(tmp_path):
@@ -132,7 +135,7 @@ def test_the_stderr_read_first_still_names_its_run_from_the_path(tmp_path):
     Source(str(folder / "job.err"), store).settle()
     Source(str(folder / "job.out"), store).settle()
     [state] = store.snapshot().runs
-    assert state.run == RunKey("logs", "job") and state.last_step == 1
+    assert state.run == RunKey("logs", "job", ME) and state.last_step == 1
 
 
 def test_another_jobs_file_cannot_feed_the_run(tmp_path):
@@ -141,7 +144,7 @@ def test_another_jobs_file_cannot_feed_the_run(tmp_path):
     store = RunStore(default_catalog())
     Source(str(tmp_path / "ours" / "*"), store).settle()
     Source(str(tmp_path / "theirs" / "*"), store).settle()
-    ours = {state.run: state for state in store.snapshot().runs}[RunKey("frozen_lake", "ppo-16-32")]
+    ours = {state.run: state for state in store.snapshot().runs}[RunKey("frozen_lake", "ppo-16-32", ME)]
     assert ours.last_step == 1 and ours.fatal is None and not ours.log_errors
 
 
@@ -220,11 +223,12 @@ def test_a_resumed_run_that_steps_again_is_no_longer_crashed(tmp_path):
     source.settle()
     assert list(fatal_series(store).values()) == [2.0]
     with log.open("a") as handle:
-        handle.write(STEP.format(step=3) + DRIVER_OOM.replace("OutOfMemoryError", "AssertionError")
-                     .replace("torch.OutOfMemoryError: CUDA out of memory.", "AssertionError: bad batch"))
+        handle.write(STEP.format(step=3) + DRIVER_OOM.replace("torch.OutOfMemoryError: CUDA out of memory.",
+                                                              "AssertionError: bad batch.")
+                     .replace("OutOfMemoryError", "AssertionError"))
     source.settle()
     assert list(fatal_series(store)) == [(("experiment", "ppo-16-32"), ("kind", "assertion"),
-                                         ("project", "frozen_lake"))]
+                                         ("project", "frozen_lake"), ("team", ""), ("user", ME))]
     assert list(fatal_series(store).values()) == [3.0]
     with log.open("a") as handle:
         handle.write(STEP.format(step=4))
@@ -242,7 +246,7 @@ def test_a_failure_before_step_1_in_a_file_that_names_no_run_makes_the_paths_run
     store = RunStore(default_catalog())
     Source(str(folder / "*.log"), store).settle()
     [state] = store.snapshot().runs
-    assert state.run == RunKey("opd-resp16k", "output") and state.last_step is None
+    assert state.run == RunKey("opd-resp16k", "output", ME) and state.last_step is None
     assert dict(state.log_errors) == {"cuda_oom": 1}  # the traceback before the run is known stays out
 
 

@@ -30,11 +30,11 @@ def test_every_run_followed_is_the_pods_job():
     samples = list(JobInfoCollector(rows).collect())
     assert [family.name for family in samples] == ["verl_job_info", "verl_job_gpu_info"]
     assert [s.labels for s in samples[0].samples] == [{
-        "project": "gsm8k", "experiment": "grpo-7b", "scheduler": "kubernetes", "job_id": "9a8b",
-        "job_name": "grpo-7b", "user": "", "partition": "", "namespace": "research", "pod": "grpo-7b-x2kq9"}]
+        "project": "gsm8k", "experiment": "grpo-7b", "user": "", "team": "", "scheduler": "kubernetes",
+        "job_id": "9a8b", "job_name": "grpo-7b", "partition": "", "namespace": "research", "pod": "grpo-7b-x2kq9"}]
     store.ingest(Record(RunKey("gsm8k", "ppo"), 1, {"actor/pg_loss": 0.5}, 1.0, source="/l/b.log"))
-    assert [row.experiment for row in rows()] == ["grpo-7b", "ppo"]
-    assert [row.experiment for row in rows()] == ["grpo-7b", "ppo"]  # unchanged store: the same runs
+    assert [row.run.experiment for row in rows()] == ["grpo-7b", "ppo"]
+    assert [row.run.experiment for row in rows()] == ["grpo-7b", "ppo"]  # unchanged store: the same runs
 
 
 def test_a_pod_without_a_job_is_its_own_job():

@@ -7,6 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from record_keeper import RecordKeeper
 
+from owner import ME
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
 from verl_exporter.sources import Source
@@ -65,9 +66,9 @@ def test_the_store_counts_errors_by_kind_keeps_the_latest_lines_and_no_step():
     assert state.last_step is None and state.last_step_time is None, "an error is no step"
     assert len(state.error_lines) == ERROR_LINES and state.error_lines[-1] == "CUDA out of memory"
     assert _served(store) == {
-        'verl_training_log_errors_total{experiment="ppo",kind="cuda_oom",project="search"}': 1.0,
-        'verl_training_log_errors_total{experiment="ppo",kind="traceback",project="search"}': 25.0,
-        'verl_training_started_timestamp_seconds{experiment="ppo",project="search"}': 50.0,
+        'verl_training_log_errors_total{experiment="ppo",kind="cuda_oom",project="search",team="",user=""}': 1.0,
+        'verl_training_log_errors_total{experiment="ppo",kind="traceback",project="search",team="",user=""}': 25.0,
+        'verl_training_started_timestamp_seconds{experiment="ppo",project="search",team="",user=""}': 50.0,
     }
 
 
@@ -103,7 +104,8 @@ def test_errors_before_the_run_is_known_name_no_run_of_their_own(tmp_path):
                    "(WorkerDict pid=3) torch.OutOfMemoryError: CUDA out of memory.\n")
     keep = RecordKeeper()
     Source(str(log), keep).poll()
-    assert [(record.run, record.error) for record in keep.records if record.run_config is None] == [(RUN, "cuda_oom")]
+    assert [(record.run, record.error) for record in keep.records if record.run_config is None] == [
+        (RunKey(RUN.project, RUN.experiment, ME), "cuda_oom")]
     named = RecordKeeper()
     Source(str(log), named, project="search", experiment="ppo").poll()
     assert [record.error for record in named.records if record.run_config is None] == ["traceback", "cuda_oom"]

@@ -13,6 +13,7 @@ import yaml
 
 from exposition import samples
 from exposition import scrape as scrape_collectors
+from owner import ME
 from promtool import check_metrics
 from verl_exporter import simulate
 from verl_exporter.app import Exporter
@@ -32,7 +33,7 @@ from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import ParseError, Record, RunKey
 from verl_exporter.store.run_store import RunStore
 
-RUN = RunKey("gsm8k", "grpo")
+RUN = RunKey("gsm8k", "grpo", ME)
 CONFIG = simulate.run_config("healthy-grpo", project="gsm8k", experiment="grpo")
 
 
@@ -308,7 +309,7 @@ def test_a_console_log_brings_the_settings_and_the_total_before_the_steps(tmp_pa
     simulate.write_run(log, "healthy-grpo", fmt="console", steps=3, interval=0, seed=1)
     store = make_store()
     Source(str(log), store).poll()
-    state = store.run(RunKey("any", "job"))
+    state = store.run(RunKey("any", "job", ME))
     assert state.config["actor_rollout_ref.actor.ppo_epochs"] == 1
     assert state.config["data.train_batch_size"] == state.config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
     assert state.config_info == {"adv_estimator": "grpo", "model": "Qwen2.5-0.5B-Instruct", "rollout": "vllm",
@@ -326,7 +327,7 @@ def test_a_broken_config_print_is_counted_and_the_steps_after_it_are_read(tmp_pa
     store = make_store()
     Source(str(log), store).poll()
     assert store.snapshot().parse_errors == {str(log): 1}
-    state = store.run(RunKey("p", "e"))
+    state = store.run(RunKey("p", "e", ME))
     assert state.last_step == 2 and state.config == {}
 
 
@@ -344,7 +345,7 @@ def test_a_print_ray_cut_and_mixed_with_other_output_names_the_run_without_error
     store = make_store()
     Source(str(log), store).poll()
     assert store.snapshot().parse_errors == {}
-    state = store.run(RunKey("gsm8k", "grpo (v2)"))
+    state = store.run(RunKey("gsm8k", "grpo (v2)", ME))
     assert (state.last_step, state.total_steps, state.config["trainer.nnodes"]) == (2, 2, 1.0)
 
 
@@ -355,7 +356,7 @@ def test_a_dict_that_is_not_the_config_is_ignored(tmp_path):
                    "(TaskRunner pid=1) step:1 - a:1\n")
     store = make_store()
     Source(str(log), store).poll()
-    assert store.snapshot().parse_errors == {} and store.run(RunKey("p", "e")).last_step == 1
+    assert store.snapshot().parse_errors == {} and store.run(RunKey("p", "e", ME)).last_step == 1
 
 
 def test_a_hydra_config_yaml_is_a_source_matched_by_the_run_names(tmp_path):
@@ -383,7 +384,7 @@ def test_a_config_file_without_run_names_or_unreadable_is_counted(tmp_path):
     assert store.snapshot().parse_errors == {str(nameless): 1, str(broken): 1}
     store = make_store()
     Source(str(nameless), store, project="p", experiment="e").settle()  # the flags name the run
-    assert store.run(RunKey("p", "e")).config == {"data.train_batch_size": 8.0}
+    assert store.run(RunKey("p", "e", ME)).config == {"data.train_batch_size": 8.0}
 
 
 def test_the_run_config_flag_reads_a_config_file_of_any_name_and_a_reload_keeps_it(tmp_path):
@@ -453,15 +454,15 @@ def test_settings_length_and_end_are_served():
     store.ingest(Record(RUN, 0, {}, run_config=flatten(CONFIG)))
     store.ingest(Record(RUN, 0, {}, total_steps=2))
     store.ingest(Record(RUN, 1, {"actor/pg_clipfrac": 0.0008}))
-    store.ingest(Record(RunKey("gsm8k", "unknown"), 1, {"actor/pg_clipfrac": 0.1}))
+    store.ingest(Record(RunKey("gsm8k", "unknown", ME), 1, {"actor/pg_clipfrac": 0.1}))
     text = scrape_collectors(training=TrainingCollector(store))
     assert check_metrics(text) == ""
     values = samples(text)
-    run = (("experiment", "grpo"), ("project", "gsm8k"))
+    run = (("experiment", "grpo"), ("project", "gsm8k"), ("user", ME))
     assert values[("verl_run_config", (("experiment", "grpo"), ("key", "actor_rollout_ref.actor.clip_ratio"),
-                                       ("project", "gsm8k")))] == 0.2
+                                       ("project", "gsm8k"), ("user", ME)))] == 0.2
     info = (("adv_estimator", "grpo"), ("experiment", "grpo"), ("model", "Qwen2.5-0.5B-Instruct"),
-            ("project", "gsm8k"), ("rollout", "vllm"), ("strategy", "fsdp"))
+            ("project", "gsm8k"), ("rollout", "vllm"), ("strategy", "fsdp"), ("user", ME))
     assert values[("verl_run_config_info", info)] == 1
     assert values[("verl_training_total_steps", run)] == 2
     assert values[("verl_training_finished", run)] == 0
@@ -473,7 +474,7 @@ def test_the_finished_time_is_served_once_the_run_has_finished_and_only_then():
     store = make_store()
     store.ingest(Record(RUN, 0, {}, total_steps=2))
     store.ingest(Record(RUN, 1, {"actor/pg_clipfrac": 0.1}, time=100.0))
-    run = (("experiment", RUN.experiment), ("project", RUN.project))
+    run = (("experiment", RUN.experiment), ("project", RUN.project), ("user", RUN.user))
 
     def served() -> dict:
         text = scrape_collectors(training=TrainingCollector(store))

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from owner import ME
 from verl_exporter.collectors.job_info import JobInfoCollector
 from verl_exporter.collectors.job_processes import JobSelector
 from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.schedulers.slurm_jobs import SlurmJob, first_node, gpu_list, parse_fields, resolve_path
 from verl_exporter.schedulers.slurm_procs import job_owner, read_environ, scan_proc
 from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.owners import user_name
 from verl_exporter.store.records import RunKey
 from verl_exporter.store.run_store import RunStore
 
@@ -172,14 +174,15 @@ def test_a_job_that_reaches_its_last_step_finishes(node):
     poll(watcher)
     assert [source.pattern for f in watcher.jobs.values() for source in f.sources] == [
         str(cluster.runs / "grpo-qwen-42.out")]
-    run = RunKey("gsm8k", "grpo-7b")  # named by the config print
+    run = RunKey("gsm8k", "grpo-7b", ME)  # named by the config print, owned by the job's user
     got = families(watcher)
+    # Account=(null): Slurm knows no account of the job, so the run's owner has no team
     assert [s.labels for s in got["verl_job_info"]] == [{
-        "project": "gsm8k", "experiment": "grpo-7b", "scheduler": "slurm", "job_id": "42", "job_name": "grpo-qwen",
-        "user": "alice", "partition": "gpu", "namespace": "", "pod": ""}]
+        "project": "gsm8k", "experiment": "grpo-7b", "user": ME, "team": "", "scheduler": "slurm", "job_id": "42",
+        "job_name": "grpo-qwen", "partition": "gpu", "namespace": "", "pod": ""}]
     assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
     assert [(s.labels, s.value) for s in got["verl_job_running"]] == [(
-        {"project": "gsm8k", "experiment": "grpo-7b"}, 1.0)]
+        {"project": "gsm8k", "experiment": "grpo-7b", "user": ME, "team": ""}, 1.0)]
     assert watcher.pids() == {1000}
     with open(cluster.runs / "grpo-qwen-42.out", "a") as log:  # the last step, written as the job ends
         log.write(PREFIX + "step:3 - actor/pg_loss:0.1\n")
@@ -204,14 +207,14 @@ def test_a_job_that_stops_early_is_counted_as_crashed(node):
     cluster.end("42", state="TIMEOUT", exit_code="0:15", reason="TimeLimit")
     before = time.time()
     watcher.refresh()
-    state = store.run(RunKey("gsm8k", "grpo-7b"))
+    state = store.run(RunKey("gsm8k", "grpo-7b", ME))
     assert not state.finished and state.last_step == 2 and state.total_steps == 5
     got = families(watcher)
     assert [s.value for s in got["verl_job_running"]] == [0.0] and len(got["verl_job_info"]) == 1
     # how Slurm ended it, for the crash page
     [ended] = got["verl_job_ended_timestamp_seconds"]
-    assert ended.labels == {"project": "gsm8k", "experiment": "grpo-7b", "scheduler": "slurm", "job_id": "42",
-                            "state": "TIMEOUT", "exit_code": "0:15", "reason": "TimeLimit"}
+    assert ended.labels == {"project": "gsm8k", "experiment": "grpo-7b", "user": ME, "team": "", "scheduler": "slurm",
+                            "job_id": "42", "state": "TIMEOUT", "exit_code": "0:15", "reason": "TimeLimit"}
     assert before <= ended.value <= time.time()
 
 
@@ -220,16 +223,16 @@ def test_a_worker_node_attributes_itself_to_the_run_without_serving_its_figures(
     write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)  # on the shared file system
     cluster.start("42", node="gpu04")  # BatchHost=gpu03: this node is a worker of the job
     poll(watcher)
-    run = RunKey("gsm8k", "grpo-7b")
+    run = RunKey("gsm8k", "grpo-7b", ME)
     assert store.snapshot().runs == []  # the head node serves the training figures, not this one
     got = families(watcher)
     assert [(s.labels["project"], s.labels["experiment"], s.labels["job_id"]) for s in got["verl_job_info"]] == [
         ("gsm8k", "grpo-7b", "42")]  # named by the config print it read
     assert [s.labels["gpu"] for s in got["verl_job_gpu_info"]] == ["0", "1"]
-    assert watcher.node_runs() == {(run.project, run.experiment)} and watcher.pids() == {1000}
+    assert watcher.node_runs() == {run} and watcher.pids() == {1000}
     watcher.refresh()  # named: no more of the output is read here
     assert watcher.jobs["42"].sources == [] and watcher.sources() == []
-    assert watcher.node_runs() == {(run.project, run.experiment)}
+    assert watcher.node_runs() == {run}
     assert [s.labels["experiment"] for s in families(watcher)["verl_job_info"]] == ["grpo-7b"]
     cluster.end("42", state="FAILED", exit_code="1:0")
     watcher.refresh()
@@ -253,10 +256,11 @@ def test_a_crashed_runs_node_is_free_once_its_job_ended(node):
     write_log(cluster.runs / "grpo-qwen-42.out", steps=2, total=5)
     cluster.start("42", node="gpu03")  # this node is the batch host
     poll(watcher)
-    assert watcher.node_runs() == {("gsm8k", "grpo-7b")} and store.run(RunKey("gsm8k", "grpo-7b")).last_step == 2
+    run = RunKey("gsm8k", "grpo-7b", ME)
+    assert watcher.node_runs() == {run} and store.run(run).last_step == 2
     cluster.end("42", state="FAILED", exit_code="1:0")
     watcher.refresh()
-    assert not store.run(RunKey("gsm8k", "grpo-7b")).finished  # crashed: still served, for the alerts
+    assert not store.run(run).finished  # crashed: still served, for the alerts
     assert watcher.node_runs() == set()  # but the node no longer works for it
 
 
@@ -310,7 +314,7 @@ def test_another_users_process_cannot_speak_for_a_job(node):
     poll(watcher)
     followed = watcher.jobs["42"]
     assert followed.head and followed.local.gpus == ("0", "1") and followed.local.node == "gpu03"
-    assert store.run(RunKey("gsm8k", "grpo-7b")).last_step == 2  # served here, as the batch host's
+    assert store.run(RunKey("gsm8k", "grpo-7b", user_name(alice))).last_step == 2  # served here, as the batch host's
     assert watcher.pids() == {1000}  # the intruder's process is not the job's: its memory and CPU are not counted
 
 
@@ -333,8 +337,8 @@ def test_a_run_without_config_print_is_named_by_the_job_and_its_length_unknown(n
     cluster.end("42", pids=(1000,))  # COMPLETED 0:0: finished, though verl printed no total
     cluster.end("43", pids=(1001,), state="CANCELLED", exit_code="0:15")
     watcher.refresh()
-    assert store.run(RunKey("grpo-qwen", "42")).finished
-    assert not store.run(RunKey("grpo-qwen", "43")).finished
+    assert store.run(RunKey("grpo-qwen", "42", ME)).finished
+    assert not store.run(RunKey("grpo-qwen", "43", ME)).finished
 
 
 def test_an_ended_job_slurm_still_calls_running_is_looked_at_again(node):
@@ -347,7 +351,7 @@ def test_an_ended_job_slurm_still_calls_running_is_looked_at_again(node):
     assert "42" in watcher.jobs  # its state is not settled yet
     cluster.answers["42"] = cluster.answers["42"].replace("JobState=COMPLETING", "JobState=COMPLETED")
     watcher.refresh()
-    assert watcher.jobs == {} and store.run(RunKey("grpo-qwen", "42")).finished
+    assert watcher.jobs == {} and store.run(RunKey("grpo-qwen", "42", ME)).finished
 
 
 def test_a_file_without_verl_lines_and_dev_null_make_no_run(node):
@@ -369,7 +373,7 @@ def test_stdout_and_stderr_apart_feed_one_run(node):
     cluster.start("46", stdout=str(out), stderr=str(err))
     watcher.refresh()
     watcher.poll_all()  # stdout first: it names the run
-    state = store.run(RunKey("gsm8k", "grpo-7b"))
+    state = store.run(RunKey("gsm8k", "grpo-7b", ME))
     assert state.last_step == 2 and state.total_steps == 2 and state.finished
     assert state.log_errors == {"traceback": 1}  # stderr's traceback is the run's
     assert len(families(watcher)["verl_job_info"]) == 1
@@ -427,7 +431,7 @@ def test_a_job_whose_files_hang_stops_only_its_own_reading(node, monkeypatch, ca
     try:
         with open(log_43, "a") as log:
             log.write("step:2 - actor/pg_loss:0.1\n")
-        other = RunKey("other", "43")
+        other = RunKey("other", "43", ME)
         deadline = time.monotonic() + 10
         while (store.run(other) is None or store.run(other).last_step != 2) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import verl_exporter.sources as sources
+from owner import ME
 from verl_exporter.sources import Ingestor, RecordsOnly, Source, format_for, run_for
 from verl_exporter.sources.source import WARNING_INTERVAL_S
 from verl_exporter.store.records import Record, RunKey
@@ -53,6 +54,7 @@ def test_format_and_run_identity_rules():
     assert format_for("/r/p/e.JSON") == "jsonl"
     assert format_for("/r/p/train.log") == "console"
     assert format_for("/r/p/e.jsonl", "console") == "console"
+    # the names a path gives; its owner is the Source's to tell (the file's uid)
     assert run_for("/root/proj/exp.jsonl") == RunKey("proj", "exp")
     assert run_for("/root/proj/train.log", project="p2") == RunKey("p2", "train")
     assert run_for("/root/proj/train.log", experiment="e2") == RunKey("proj", "e2")
@@ -72,7 +74,7 @@ def test_filelogger_file(tmp_path):
     assert source.poll() == 6
     assert source.poll() == 0
     assert store.errors == []
-    run = RunKey("verl_grpo_example_gsm8k", "qwen2_7b_function_rm")
+    run = RunKey("verl_grpo_example_gsm8k", "qwen2_7b_function_rm", ME)
     assert {r.run for r in store.records} == {run}
     assert [r.step for r in store.records] == [1, 2, 3, 4, 5, 5]
     assert {r.time for r in store.records} == {1234.5}
@@ -85,7 +87,7 @@ def test_flags_name_the_run(tmp_path):
     shutil.copy(JSONL, tmp_path / "metrics.jsonl")
     store = RecordingStore()
     Source(str(tmp_path / "metrics.jsonl"), store, project="proj", experiment="exp").poll()
-    assert {r.run for r in store.records} == {RunKey("proj", "exp")}
+    assert {r.run for r in store.records} == {RunKey("proj", "exp", ME)}
 
 
 def test_console_log_with_finished_marker(tmp_path):
@@ -102,14 +104,14 @@ def test_console_log_with_finished_marker(tmp_path):
     assert store.records[-1].values == {}
     assert {r.source for r in store.records} == {str(tmp_path / "train.log")}
     # named by trainer.project_name / experiment_name from the config verl prints first
-    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "qwen2_7b_function_rm")}
+    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "qwen2_7b_function_rm", ME)}
 
 
 def test_console_run_names_flags_win_over_the_printed_config(tmp_path):
     shutil.copy(FIXTURES / "verl_console.log", tmp_path / "train.log")
     store = RecordingStore()
     Source(str(tmp_path / "train.log"), store, experiment="mine").poll()
-    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "mine")}
+    assert {r.run for r in store.records} == {RunKey("verl_grpo_example_gsm8k", "mine", ME)}
 
 
 def test_console_run_names_only_from_config_printed_before_the_first_step(tmp_path):
@@ -118,7 +120,7 @@ def test_console_run_names_only_from_config_printed_before_the_first_step(tmp_pa
     log.write_text("step:1 - a:1\n(main_task pid=1) {'trainer': {'project_name': 'late'}}\nstep:2 - a:2\n")
     store = RecordingStore()
     Source(str(log), store).poll()
-    assert {r.run for r in store.records} == {RunKey("proj", "train")}
+    assert {r.run for r in store.records} == {RunKey("proj", "train", ME)}
 
 
 def test_old_console_log_and_forced_format(tmp_path):

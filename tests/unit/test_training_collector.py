@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exposition import samples
 from exposition import scrape as scrape_collectors
+from owner import ME
 from promtool import check_metrics
 from verl_exporter import shipped
 from verl_exporter.collectors import Collector, CollectorRunner
@@ -107,12 +108,12 @@ def test_orjson_null_in_a_filelogger_file_is_served_as_nan_and_counted(tmp_path)
     store = RunStore(default_catalog())
     assert Source(str(path), store).poll() == 2
     values = samples(scrape(store))
-    run = (("experiment", "ppo-qwen"), ("project", "gsm8k"))
+    run = (("experiment", "ppo-qwen"), ("project", "gsm8k"), ("user", ME))
     assert math.isnan(values[("verl_actor_grad_norm", run)])
     assert values[("verl_training_nonfinite_values_total",
-                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 1
+                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k"), ("user", ME)))] == 1
     assert values[("verl_training_nonfinite_last_step",
-                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k")))] == 2
+                   (("experiment", "ppo-qwen"), ("key", "actor/grad_norm"), ("project", "gsm8k"), ("user", ME)))] == 2
     # ... and VerlTrainingNonFinite selects that series.
     rules = yaml.safe_load((shipped.rules_dir() / "verl-operations.rules.yml").read_text())
     expr = next(rule["expr"] for group in rules["groups"] for rule in group["rules"]

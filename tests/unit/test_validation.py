@@ -62,4 +62,5 @@ def test_the_store_notes_validating_steps_and_the_collector_serves_the_next_one(
         store.ingest(Record(RUN, step, values, time=60.0 * step))
     families = {family.name: family for family in TrainingCollector(store).collect()}
     [sample] = families["verl_training_next_validation_step"].samples
-    assert sample.value == 15 and sample.labels == {"project": "gsm8k", "experiment": "validates"}
+    assert sample.value == 15
+    assert sample.labels == {"project": "gsm8k", "experiment": "validates", "user": "", "team": ""}

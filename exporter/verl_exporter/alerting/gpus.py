@@ -22,7 +22,7 @@ NODE_RUNS_QUOTED = ("{{ with printf `verl_node_run_info{instance=%q}` $labels.in
 
 GPU_INFO = "GPU {{ $labels.gpu }} on {{ $labels.instance }}"
 
-GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", alerts=(
+GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", audience="oncall", alerts=(
     Alert(
         name="VerlGpuFatalXidError", severity="critical",
         expr=new_or_increased(sub('verl_gpu_xid_errors_total{xid=~"${XID_FATAL}"}', XID_FATAL=XID_FATAL), "15m"),
@@ -109,7 +109,8 @@ GPUS = Group(name="verl-gpu", file="verl-gpu.rules.yml", title="GPUs and host", 
         name="VerlGpusIdle", severity="warning",
         expr="avg by (job, instance) (verl_gpu_utilization_ratio) < ${system:gpu_idle_utilization}"
         " and on(job, instance) ((verl_job_running == 1)"
-        " or (max by (job, instance) (verl_node_run_info and on(project, experiment) verl_training_finished == 0)"
+        " or (max by (job, instance) (verl_node_run_info"
+        " and on(project, experiment, user, team) verl_training_finished == 0)"
         " unless on(job, instance) verl_job_running))",
         for_="10m",
         summary="GPUs are idle while the training job runs.",

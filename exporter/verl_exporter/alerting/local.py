@@ -46,8 +46,11 @@ def alertmanager_config(receiver_url: str, secrets_dir: Path, *, group_wait: str
     config.setdefault("global", {})["pagerduty_url"] = receiver_url + PAGERDUTY_PATH
     config["templates"] = [str(shipped.alertmanager_templates() / "*.tmpl")]
     config["route"].update(group_wait=group_wait, group_interval=group_interval, repeat_interval=repeat_interval)
-    for route in config["route"].get("routes", []):
+    routes = list(config["route"].get("routes", []))
+    while routes:
+        route = routes.pop()
         route.pop("repeat_interval", None)
+        routes += route.get("routes", [])
     for receiver in config["receivers"]:
         for pagerduty in receiver.get("pagerduty_configs", []):
             pagerduty["routing_key_file"] = _secret(secrets_dir, "pagerduty-routing-key", DUMMY_ROUTING_KEY)

@@ -29,6 +29,7 @@ from verl_exporter.store.catalog import Catalog
 from verl_exporter.store.step_windows import WATCHED
 
 SEVERITIES = ("critical", "warning", "info")
+AUDIENCES = ("team", "oncall")
 
 # How a run, a GPU and a target are named in descriptions.
 RUN = "{{ $labels.project }}/{{ $labels.experiment }}"
@@ -38,8 +39,8 @@ GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 
 def run_query(expr: str, pairs: int = 1) -> str:
     """The opening of a description's ``{{ with query }}`` on ``expr``, whose ``pairs`` of
-    ``project=%q,experiment=%q`` name the alert's run; the caller closes it with ``{{ end }}``."""
-    return "{{ with printf `" + expr + "`" + " $labels.project $labels.experiment" * pairs + " | query }}"
+    ``project=%q,experiment=%q,user=%q`` name the alert's run; the caller closes it with ``{{ end }}``."""
+    return "{{ with printf `" + expr + "`" + " $labels.project $labels.experiment $labels.user" * pairs + " | query }}"
 
 
 # Value formats for descriptions.
@@ -48,7 +49,7 @@ NUMBER = '{{ $value | printf "%.4g" }}'
 DURATION = "{{ $value | humanizeDuration }}"
 
 # Labels every training series carries, for explicit vector matching.
-RUN_MATCH = "on(job, instance, project, experiment)"
+RUN_MATCH = "on(job, instance, project, experiment, user, team)"
 
 _PLACEHOLDER = re.compile(r"\$\{([^}:]+):([^}]+)\}")
 _FRAGMENT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -80,12 +81,15 @@ class Alert:
     # over the last 10 steps rather than each of the last 3), so one incident is one notification.
     stay: str = ""
     evidence: bool = False  # the exporter captures evidence of this stop: link /debug/evidence
+    audience: str = ""  # who acts on it where it differs from its group's (AUDIENCES)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", self.name):
             raise ValueError(f"alert name {self.name!r} must be Verl + CamelCase")
         if self.severity not in SEVERITIES:
             raise ValueError(f"{self.name}: severity {self.severity!r} not one of {SEVERITIES}")
+        if self.audience and self.audience not in AUDIENCES:
+            raise ValueError(f"{self.name}: audience {self.audience!r} not one of {AUDIENCES}")
         if "{{" in self.summary:
             raise ValueError(f"{self.name}: the summary must be static")
         parse_duration(self.for_)
@@ -118,6 +122,10 @@ class Group:
     title: str
     alerts: tuple[Alert, ...] = field(default_factory=tuple)
     training: bool = False  # per-run alerts: silent once the run has finished
+    # Who acts on its alerts (the shipped Alertmanager routes by it): "team", the run's owning team
+    # (training quality), or "oncall", the cluster's on-call (GPUs, nodes, exporters, jobs that hang
+    # or crash).
+    audience: str = "team"
     interval: str = ""  # evaluation interval; "" for Prometheus's global one
 
     def __post_init__(self) -> None:

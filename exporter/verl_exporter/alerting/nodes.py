@@ -41,9 +41,10 @@ FINISHED = "project_experiment:verl_training_finished:max"
 # where they are GPUs the node serves figures for.
 JOB_GPUS = "run_gpu:verl_job_gpu_info:running"
 # One series per GPU and run, whatever other labels a target carries (a service discovery's).
-JOB_GPUS_EXPR = ("max by (job, instance, gpu, project, experiment) ("
-                 "(verl_job_gpu_info and on(job, instance, project, experiment) verl_job_running == 1"
-                 " and on(job, instance, gpu) verl_gpu_up) unless on(project, experiment) ${FINISHED} == 1)")
+JOB_GPUS_EXPR = ("max by (job, instance, gpu, project, experiment, user, team) ("
+                 "(verl_job_gpu_info and on(job, instance, project, experiment, user, team) verl_job_running == 1"
+                 " and on(job, instance, gpu) verl_gpu_up)"
+                 " unless on(project, experiment, user, team) ${FINISHED} == 1)")
 
 
 # The window a GPU's utilisation is averaged over before it is compared with the run's: several PPO
@@ -74,26 +75,27 @@ STALLED_RUNS = "project_experiment:verl_training_stalled:seconds"
 # Runs that step: they took a first step and are not stalled. A stalled run (one rank hung outside a
 # collective at 0%, the others spinning in NCCL at 100%) is VerlTrainingStalled's; a run still loading
 # its models keeps some GPUs busy and others idle for reasons of its own.
-RUN_STEPPING = ("(group by (project, experiment) (verl_training_last_step_timestamp_seconds)"
-                " unless on(project, experiment) ${STALLED_RUNS})")
+RUN_STEPPING = ("(group by (project, experiment, user, team) (verl_training_last_step_timestamp_seconds)"
+                " unless on(project, experiment, user, team) ${STALLED_RUNS})")
 # The guards of VerlGpuStraggler, each its own fragment (the unit tests drop each in turn).
-STRAGGLER_GAP = ("${RUN_GPU_BUSY} < on(project, experiment) group_left()"
+STRAGGLER_GAP = ("${RUN_GPU_BUSY} < on(project, experiment, user, team) group_left()"
                  " (${nodes:straggler_ratio} * ${RUN_MEDIAN_BUSY})")
-STRAGGLER_BUSY_RUN = "and on(project, experiment) ${RUN_MEDIAN_BUSY} > ${nodes:straggler_min_median}"
-STRAGGLER_STEPPING = "and on(project, experiment) ${RUN_STEPPING}"
+STRAGGLER_BUSY_RUN = "and on(project, experiment, user, team) ${RUN_MEDIAN_BUSY} > ${nodes:straggler_min_median}"
+STRAGGLER_STEPPING = "and on(project, experiment, user, team) ${RUN_STEPPING}"
 STRAGGLER = "${STRAGGLER_GAP} ${STRAGGLER_BUSY_RUN} ${STRAGGLER_STEPPING}"
 # The run's median and the straggler's node, for the description.
-RUN_MEDIAN_QUOTED = (run_query("${RUN_MEDIAN_BUSY}{project=%q,experiment=%q}")
+RUN_MEDIAN_QUOTED = (run_query("${RUN_MEDIAN_BUSY}{project=%q,experiment=%q,user=%q}")
                      + ", under ${nodes:straggler_ratio} times the run's median GPU"
                      " ({{ . | first | value | humanizePercentage }}){{ end }}")
-NODE_BUSY_QUOTED = ("{{ with printf `${RUN_NODE_BUSY}{instance=%q,project=%q,experiment=%q}` $labels.instance"
-                    " $labels.project $labels.experiment | query }}; the GPUs of {{ $labels.instance }} average"
+NODE_BUSY_QUOTED = ("{{ with printf `${RUN_NODE_BUSY}{instance=%q,project=%q,experiment=%q,user=%q}`"
+                    " $labels.instance $labels.project $labels.experiment $labels.user | query }};"
+                    " the GPUs of {{ $labels.instance }} average"
                     " {{ . | first | value | humanizePercentage }}{{ end }}")
 
 
 def per_run(per_target: str, nodes: str = NODES) -> str:
     """``per_target`` (one series per job, instance) summed over the targets of each run."""
-    return sub("sum by (project, experiment) (${per_target} * on(job, instance) group_right() ${nodes})",
+    return sub("sum by (project, experiment, user, team) (${per_target} * on(job, instance) group_right() ${nodes})",
                per_target=per_target, nodes=nodes)
 
 
@@ -126,18 +128,20 @@ def per_gpu_run(aggregation: str, metric: str) -> str:
     node (its ``NODES`` runs, the node's recorded figure), summed per run. The GPUs of a job are counted
     from ``JOB_GPUS`` itself, which holds only GPUs the node serves."""
     if (aggregation, metric) == ("count", "verl_gpu_up"):
-        job_gpus = "count by (job, instance, project, experiment) (${JOB_GPUS})"
+        job_gpus = "count by (job, instance, project, experiment, user, team) (${JOB_GPUS})"
     else:
-        job_gpus = ("${aggregation} by (job, instance, project, experiment) (max by (job, instance, gpu) (${metric})"
+        job_gpus = ("${aggregation} by (job, instance, project, experiment, user, team)"
+                    " (max by (job, instance, gpu) (${metric})"
                     " * on(job, instance, gpu) group_right() ${JOB_GPUS})")
-    return sub("sum by (project, experiment) (" + job_gpus + " or ${per_node} * on(job, instance) group_right()"
+    return sub("sum by (project, experiment, user, team) (" + job_gpus
+               + " or ${per_node} * on(job, instance) group_right()"
                " (${NODES} unless on(job, instance) ${JOB_GPUS}))",
                aggregation=aggregation, metric=metric, per_node=fleet.NODE_FIGURES[aggregation, metric])
 
 
 def figure(aggregation: str, metric: str) -> str:
     if aggregation == "median":  # of a series already attributed to runs (project, experiment)
-        return sub("quantile by (project, experiment) (0.5, ${metric})", metric=metric)
+        return sub("quantile by (project, experiment, user, team) (0.5, ${metric})", metric=metric)
     if aggregation == "avg":
         return sub("${sum} / ${count}", sum=figure("sum", metric), count=figure("count", metric))
     if metric.startswith("verl_gpu_"):
@@ -149,16 +153,17 @@ def recording_rules() -> list[dict]:
     """Rules of the verl-fleet group that come first: the run's nodes, the stragglers' figures, then per-run
     host and job figures."""
     return [
-        {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment) ${FINISHED} == 1"},
-        {"record": "project_experiment:verl_nodes:count", "expr": "count by (project, experiment) (${NODES})"},
+        {"record": NODES, "expr": "${NODE_RUNS} unless on(project, experiment, user, team) ${FINISHED} == 1"},
+        {"record": "project_experiment:verl_nodes:count",
+         "expr": "count by (project, experiment, user, team) (${NODES})"},
         {"record": JOB_GPUS, "expr": JOB_GPUS_EXPR},
         {"record": RUN_GPU_BUSY,
          "expr": "(avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}]) unless on(job, instance) ${JOB_GPUS})"
-                 " * on(job, instance) group_left(project, experiment) ${SOLE_RUN}"
+                 " * on(job, instance) group_left(project, experiment, user, team) ${SOLE_RUN}"
                  " or avg_over_time(verl_gpu_utilization_ratio[${STRAGGLER_WINDOW}])"
-                 " * on(job, instance, gpu) group_left(project, experiment) ${JOB_GPU_SOLE}"},
+                 " * on(job, instance, gpu) group_left(project, experiment, user, team) ${JOB_GPU_SOLE}"},
         {"record": RUN_NODE_BUSY,
-         "expr": sub("avg by (job, instance, project, experiment) (${busy})", busy=RUN_GPU_BUSY)},
+         "expr": sub("avg by (job, instance, project, experiment, user, team) (${busy})", busy=RUN_GPU_BUSY)},
         *({"record": record, "expr": figure(aggregation, metric)} for record, aggregation, metric in FIGURES),
     ]
 

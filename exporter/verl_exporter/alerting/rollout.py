@@ -23,7 +23,7 @@ import re
 from .model import PER_STEP_INTERVAL, Alert, Group, run_query, sub
 
 RATE = "5m"
-BY_RUN = "by (project, experiment)"
+BY_RUN = "by (project, experiment, user, team)"
 RUNNING = "sum ${BY_RUN} (vllm:num_requests_running) or sum ${BY_RUN} (sglang:num_running_reqs)"
 WAITING = "sum ${BY_RUN} (vllm:num_requests_waiting) or sum ${BY_RUN} (sglang:num_queue_reqs)"
 # The fullest engine of the run; the newer vLLM name wins where an engine serves both.
@@ -56,8 +56,8 @@ def recording_rules() -> list[dict]:
 
 def _quoted(expr: str) -> str:
     """``expr`` for a description's ``query``, restricted to the alert's run."""
-    expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q}", expr)
-    return run_query(expr, pairs=expr.count("%q") // 2)
+    expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q,user=%q}", expr)
+    return run_query(expr, pairs=expr.count("%q") // 3)
 
 
 KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
@@ -69,7 +69,7 @@ ROLLOUT = Group(name="verl-rollout", file="verl-performance.rules.yml", title="R
     Alert(
         name="VerlGenerationKvCacheBound", severity="info",
         expr="verl_timing_gen_seconds / verl_timing_step_seconds > ${timing_s/step:gen_share}"
-        " and on(project, experiment) ((${KV_CACHE}) >= ${rollout:kv_cache_saturated}"
+        " and on(project, experiment, user, team) ((${KV_CACHE}) >= ${rollout:kv_cache_saturated}"
         " or (${PREEMPTIONS}) > ${rollout:preemptions_per_second})", for_="15m",
         summary="Generation is slow because the rollout engines' KV cache is full or they preempt requests.",
         description="Run ${RUN}: generation (timing_s/gen) takes ${PERCENT} of the step while its rollout engines are "

@@ -38,7 +38,7 @@ def setting_or_default(key: str) -> str:
 
 def quote(key: str, missing: str) -> str:
     """Alert template text: the run's value of ``key``, or ``missing`` for a run of unknown config."""
-    selector = sub('verl_run_config{key="${key}",project=%q,experiment=%q}', key=key)
+    selector = sub('verl_run_config{key="${key}",project=%q,experiment=%q,user=%q}', key=key)
     return run_query(selector) + '{{ . | first | value | printf "%.4g" }}{{ else }}' + missing + "{{ end }}"
 
 

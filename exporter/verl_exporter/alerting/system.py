@@ -11,6 +11,9 @@ from .settings import setting
 
 # The Prometheus job that scrapes the exporters (prometheus/prometheus.yml).
 EXPORTER_JOB = "verl"
+# The job under which VictoriaMetrics scrapes the vmagent members of a scaled-out fleet
+# (prometheus/victoriametrics/scrapers.yml).
+SCRAPER_JOB = "vmagent"
 
 
 # Seconds the run had gone without a step at the last scrape, for runs that have not finished, while
@@ -71,26 +74,27 @@ STEP_STILL_SLOWER = (steps("window_median", "verl_timing_step_seconds") + " > ${
 THROUGHPUT_BEFORE = steps("prior_mean", "verl_perf_throughput")
 UNFINISHED = "unless ${RUN_MATCH} verl_training_finished_timestamp_seconds"
 # The run's GPUs over all its nodes (the fleet recording rules), where Prometheus has them.
-RUN_GPUS = (run_query("project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q}")
+RUN_GPUS = (run_query("project_experiment:verl_gpu_utilization_ratio:avg{project=%q,experiment=%q,user=%q}")
             + " Its GPUs, over all its nodes, are {{ . | first | value | humanizePercentage }} busy.{{ end }}")
 # The run's total of steps (verl's Total training steps), where known.
-TOTAL_STEPS = run_query("verl_training_total_steps{project=%q,experiment=%q}")
+TOTAL_STEPS = run_query("verl_training_total_steps{project=%q,experiment=%q,user=%q}")
 # The run's job has no live process. A sidecar serves one verl_job_running per exporter, without run labels;
 # a node exporter under --slurm serves one per job's run, with them: a run is gone unless its own job
 # (or the sidecar's job) still runs, on an exporter that watches jobs at all.
-JOB_GONE = ("unless on(job, instance, project, experiment) verl_job_running == 1 "
+JOB_GONE = ("unless on(job, instance, project, experiment, user, team) verl_job_running == 1 "
             "unless on(job, instance) verl_job_running{project=\"\"} == 1 "
             "and on(job, instance) verl_job_running")
 # How the scheduler ended the run's job (--slurm: Slurm's final state, reason and exit code), the
 # latest of its jobs where a resumed run had several.
-LATEST_JOB_END = run_query("topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q})")
+LATEST_JOB_END = run_query("topk(1, verl_job_ended_timestamp_seconds{project=%q,experiment=%q,user=%q})")
 JOB_END = (LATEST_JOB_END + "{{ with . | first }} Slurm ended job {{ .Labels.job_id }}"
            " as {{ .Labels.state }}{{ with .Labels.reason }} ({{ . }}){{ end }}, exit code"
            " {{ .Labels.exit_code }}.{{ end }}{{ end }}")
 # The run's latest job was cancelled (Slurm's CANCELLED: `scancel`, by its user or an admin): a stop
 # someone chose, told to the team rather than paged.
-CANCELLED_LAST = ("(verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment) group_left()"
-                  " max by (project, experiment) (verl_job_ended_timestamp_seconds))")
+CANCELLED_LAST = ("(verl_job_ended_timestamp_seconds{state=\"CANCELLED\"}"
+                  " >= on(project, experiment, user, team) group_left()"
+                  " max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds))")
 JOB_END_MEANING = (" Under `--slurm` the page quotes how Slurm ended the job: `TIMEOUT` (its time limit: "
                    "resubmit with a longer `--time`, resuming from the last checkpoint), `OUT_OF_MEMORY` (the "
                    "job's host memory limit: ask for more `--mem`), `NODE_FAIL` (a node of the job died), "
@@ -100,7 +104,7 @@ JOB_FIX = ("Read the end of the job's log for the exception or OOM; `dmesg` for 
 
 
 # Where the job hangs, from the exporter's evidence of the stop (py-spy's top frame), where it has one.
-HANGS_IN = (run_query("verl_evidence_top_frame_info{project=%q,experiment=%q}")
+HANGS_IN = (run_query("verl_evidence_top_frame_info{project=%q,experiment=%q,user=%q}")
             + " The job hangs in {{ . | first | label \"frame\" }}.{{ end }}")
 
 
@@ -213,7 +217,8 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
 ), training=True)
 
-OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", title="Operations", alerts=(
+OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", title="Operations", audience="oncall",
+                   alerts=(
     Alert(
         name="VerlTrainingStalled", severity="critical",
         expr="${STALLED} unless on(job, instance) verl_job_running == 0", for_="10m",
@@ -261,7 +266,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     Alert(
         name="VerlTrainingJobCrashed", severity="critical",
         expr="((verl_training_last_step < ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}"
-        " unless on(project, experiment) ${CANCELLED_LAST}",
+        " unless on(project, experiment, user, team) ${CANCELLED_LAST}",
         for_="2m",
         summary="The training job exited before its last step.",
         description="Run ${RUN}: the training job has no live process, and the run stopped at step {{ $value }} of "
@@ -278,7 +283,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     Alert(
         name="VerlTrainingJobExited", severity="warning",
         expr="((verl_training_last_step unless ${RUN_MATCH} verl_training_total_steps) ${UNFINISHED}) ${JOB_GONE}"
-        " unless on(project, experiment) ${CANCELLED_LAST}",
+        " unless on(project, experiment, user, team) ${CANCELLED_LAST}",
         for_="2m",
         summary="The training job's processes are gone and its run's length is unknown.",
         description="Run ${RUN}: the training job watched by {{ $labels.instance }} has no live process, "
@@ -292,7 +297,8 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
     ),
     Alert(
         name="VerlTrainingJobCancelled", severity="warning",
-        expr="(verl_training_last_step ${UNFINISHED}) ${JOB_GONE} and on(project, experiment) ${CANCELLED_LAST}",
+        expr="(verl_training_last_step ${UNFINISHED}) ${JOB_GONE}"
+        " and on(project, experiment, user, team) ${CANCELLED_LAST}",
         for_="2m",
         summary="The run's Slurm job was cancelled before the run finished.",
         description="Run ${RUN}: " + LATEST_JOB_END + "{{ with . | first }}Slurm job {{ .Labels.job_id }}{{ end }}"
@@ -307,7 +313,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         guide="8.1",
     ),
     Alert(
-        name="VerlTrainingNonFinite", severity="critical",
+        name="VerlTrainingNonFinite", severity="critical", audience="team",
         expr=_within_steps('verl_training_nonfinite_last_step{key=~".*(loss|grad_norm).*"}', "${system:recent_steps}"),
         stay=_within_steps('verl_training_nonfinite_last_step{key=~".*(loss|grad_norm).*"}',
                            "${hysteresis:twice} * ${system:recent_steps}"), for_="0m",
@@ -322,7 +328,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         guide="1.7",
     ),
     Alert(
-        name="VerlTrainingOutOfMemory", severity="critical",
+        name="VerlTrainingOutOfMemory", severity="critical", audience="team",
         expr=new_or_increased('verl_training_log_errors_total{kind="cuda_oom"}', "15m"), for_="0m",
         summary="The run's log shows a CUDA out-of-memory error.",
         description="Run ${RUN}: its log shows ${NUMBER} new CUDA (or HIP) out-of-memory errors in 15 minutes; the job "
@@ -384,7 +390,7 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         " > ${system:no_first_step_seconds}"
         " unless ${RUN_MATCH} verl_training_last_step_timestamp_seconds ${UNFINISHED}"
         " and on(job, instance) verl_job_running == 1"
-        " unless on(project, experiment) project_experiment:verl_gpu_utilization_ratio:avg"
+        " unless on(project, experiment, user, team) project_experiment:verl_gpu_utilization_ratio:avg"
         " > ${system:gpu_idle_utilization}", for_="5m",
         summary="The job runs, but its run has logged no step an hour after it started.",
         description="Run ${RUN}: the run started ${DURATION} ago (its config print) and has logged no step, while the "
@@ -410,6 +416,25 @@ OPERATIONS = Group(name="verl-operations", file="verl-operations.rules.yml", tit
         meaning="The exporter (or its host) does not answer Prometheus, so no other alert can fire for it.",
         fix="Check the exporter process or container (`systemctl status`, `docker logs`) and the network path "
         "from Prometheus; `curl http://HOST:9945/-/ready`.",
+    ),
+    Alert(
+        name="VerlScrapeShardDown", severity="critical",
+        # Down (0), or its series gone within the last day: absent is down too.
+        expr='up{job="${SCRAPER_JOB}"} == 0'
+        ' or (last_over_time(up{job="${SCRAPER_JOB}"}[1d]) unless up{job="${SCRAPER_JOB}"})', for_="5m",
+        summary="A vmagent that scrapes a share of the verl exporters is down.",
+        description="Scraper {{ $labels.instance }} (job {{ $labels.job }}) {{ if eq $value 0.0 }}has not answered "
+        "its scrape{{ else }}is no longer scraped (its up series stopped){{ end }} for 5 minutes: the verl "
+        "exporters of its share of the targets are not scraped, and VerlExporterDown cannot fire for them.",
+        meaning="In a fleet scraped by a cluster of vmagents (`prometheus/victoriametrics/`), each member scrapes "
+        "its share of the targets. When a member dies, the `up` series of its targets stop rather than turn 0, "
+        "so VerlExporterDown (`up == 0`) and every other alert of those nodes stay silent. VictoriaMetrics "
+        "scrapes each member as job `vmagent` (`scrapers.yml`): a member that does not answer, or whose `up` "
+        "series stopped within the last day, fires this. Silent where no job `vmagent` is scraped (one "
+        "Prometheus). Taking a member out for good: `prometheus/victoriametrics/README.md`.",
+        fix="Restart the member with the same `-promscrape.cluster.memberNum` (its log says why it stopped); its "
+        "targets go unscraped until then. A member taken out for good fires for a day unless its series are "
+        "deleted from VictoriaMetrics.",
     ),
     Alert(
         name="VerlExporterCollectorFailing", severity="warning",
@@ -457,26 +482,27 @@ def recording_rules() -> list[dict]:
     return [{
         "name": "verl-fleet",
         "rules": [
-            {"record": finished, "expr": "max by (project, experiment) (verl_training_finished)"},
-            {"record": stalled, "expr": "max by (project, experiment) (${STALLED})"},
+            {"record": finished, "expr": "max by (project, experiment, user, team) (verl_training_finished)"},
+            {"record": stalled, "expr": "max by (project, experiment, user, team) (${STALLED})"},
         ] + nodes.recording_rules() + [
             {"record": "project_experiment:verl_training_steps_ingested:rate5m",
-             "expr": "sum by (project, experiment) (rate(verl_training_steps_ingested_total[5m]))"},
+             "expr": "sum by (project, experiment, user, team) (rate(verl_training_steps_ingested_total[5m]))"},
             {"record": "project_experiment:verl_training_last_step_age_seconds:min",
-             "expr": "time() - max by (project, experiment) (verl_training_last_step_timestamp_seconds)"},
+             "expr": "time() - max by (project, experiment, user, team) (verl_training_last_step_timestamp_seconds)"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "finished"},
              "expr": sub("count(${finished} == 1) or vector(0)", finished=finished)},
             {"record": "state:verl_training_runs:count", "labels": {"state": "stalled"},
              "expr": sub("count(${stalled}) or vector(0)", stalled=stalled)},
             {"record": "project_experiment:verl_training_progress:ratio",
-             "expr": "clamp_max(max by (project, experiment) (verl_training_last_step)"
-                     " / max by (project, experiment) (verl_training_total_steps), 1)"},
+             "expr": "clamp_max(max by (project, experiment, user, team) (verl_training_last_step)"
+                     " / max by (project, experiment, user, team) (verl_training_total_steps), 1)"},
             {"record": "project_experiment:verl_training_time_left_seconds:estimate",
-             "expr": "max by (project, experiment) (clamp_min(verl_training_total_steps - verl_training_last_step, 0))"
-                     " * on(project, experiment)"
-                     " max by (project, experiment) (avg_over_time(verl_timing_step_seconds[30m]))"},
+             "expr": "max by (project, experiment, user, team)"
+                     " (clamp_min(verl_training_total_steps - verl_training_last_step, 0))"
+                     " * on(project, experiment, user, team)"
+                     " max by (project, experiment, user, team) (avg_over_time(verl_timing_step_seconds[30m]))"},
             {"record": "state:verl_training_runs:count", "labels": {"state": "running"},
-             "expr": sub("count(${finished} == 0 unless on(project, experiment) ${stalled}) or vector(0)",
+             "expr": sub("count(${finished} == 0 unless on(project, experiment, user, team) ${stalled}) or vector(0)",
                          finished=finished, stalled=stalled)},
         ],
     }]

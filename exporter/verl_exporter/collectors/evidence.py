@@ -34,9 +34,9 @@ class EvidenceCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         captured, frames = self._families()
         for run, (moment, frame) in sorted(dict(self.forensics.captured).items()):
-            captured.add_metric([run.project, run.experiment], moment)
+            captured.add_metric(list(run.labels), moment)
             if frame:
-                frames.add_metric([run.project, run.experiment, frame], 1.0)
+                frames.add_metric([*run.labels, frame], 1.0)
         return [family for family in (captured, frames) if family.samples]
 
     @staticmethod

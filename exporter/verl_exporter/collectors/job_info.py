@@ -6,10 +6,10 @@ job; a label the scheduler lacks is empty::
     # HELP verl_job_info The scheduler's job that writes the run (Slurm or Kubernetes); always 1.
     # TYPE verl_job_info gauge
     verl_job_info{experiment="grpo-7b",job_id="4242",job_name="grpo",namespace="",partition="gpu",pod="",
-                  project="gsm8k",scheduler="slurm",user="alice"} 1.0
+                  project="gsm8k",scheduler="slurm",team="rl",user="alice"} 1.0
     # HELP verl_job_gpu_info A GPU of this node the run's job holds (gpu: its index, ...); always 1.
     # TYPE verl_job_gpu_info gauge
-    verl_job_gpu_info{experiment="grpo-7b",gpu="0",project="gsm8k"} 1.0
+    verl_job_gpu_info{experiment="grpo-7b",gpu="0",project="gsm8k",team="rl",user="alice"} 1.0
 
 and, where the watcher follows the job's processes itself (``--slurm``), one ``verl_job_running``
 per run (the family of ``schema.JOB``, with the run's labels): 1 while the job has a live process on
@@ -20,7 +20,7 @@ how Slurm ended it, which the crash alerts quote::
     # HELP verl_job_ended_timestamp_seconds When the run's job ended, and how the scheduler ended it ...
     # TYPE verl_job_ended_timestamp_seconds gauge
     verl_job_ended_timestamp_seconds{experiment="grpo-7b",exit_code="0:0",job_id="4242",project="gsm8k",
-                                     reason="TimeLimit",scheduler="slurm",state="TIMEOUT"} 1.7e9
+                                     reason="TimeLimit",scheduler="slurm",state="TIMEOUT",team="rl",user="alice"} 1.7e9
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 from prometheus_client.core import Metric
 
 from verl_exporter.collectors import Collector
+from verl_exporter.store.records import RunKey
 
 from .. import schema
 
@@ -52,14 +53,12 @@ class JobEnd:
 
 @dataclass(frozen=True)
 class JobRun:
-    """One run and the scheduler's job that writes it."""
+    """One run (its owner included: Slurm's user of the job) and the scheduler's job that writes it."""
 
-    project: str
-    experiment: str
+    run: RunKey
     scheduler: str  # "slurm" or "kubernetes"
     job_id: str
     job_name: str = ""
-    user: str = ""
     partition: str = ""
     namespace: str = ""
     pod: str = ""
@@ -68,13 +67,13 @@ class JobRun:
     end: JobEnd | None = None  # once the job ended, where the scheduler said how
 
     def info_labels(self) -> list[str]:
-        return [self.project, self.experiment, self.scheduler, self.job_id, self.job_name, self.user,
-                self.partition, self.namespace, self.pod]
+        return [*self.run.labels, self.scheduler, self.job_id, self.job_name, self.partition, self.namespace,
+                self.pod]
 
 
 class JobInfoCollector(Collector):
     """``rows()`` gives the runs and their jobs at scrape time; ``serves_running``: it serves
-    ``verl_job_running{project, experiment}`` (then no job selector of the host collector does)."""
+    ``verl_job_running`` per run (then no job selector of the host collector does)."""
 
     def __init__(self, rows: Callable[[], Iterable[JobRun]], serves_running: bool = False):
         self.rows = rows
@@ -85,10 +84,10 @@ class JobInfoCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        gpus: dict[tuple[str, str], set[str]] = {}
-        running: dict[tuple[str, str], bool] = {}
-        for row in sorted(self.rows(), key=lambda row: (row.project, row.experiment, row.job_id)):
-            run = (row.project, row.experiment)
+        gpus: dict[tuple[str, str, str, str], set[str]] = {}
+        running: dict[tuple[str, str, str, str], bool] = {}
+        for row in sorted(self.rows(), key=lambda row: (row.run, row.job_id)):
+            run = row.run.labels
             families["info"].add_metric(row.info_labels(), 1.0)
             gpus.setdefault(run, set()).update(row.gpus)
             if row.running is not None:  # a run two jobs wrote (a resumed job) runs while one of them does

@@ -145,7 +145,7 @@ class TrainingCollector(Collector):
         by metric name (``verl_...``, unless ``logged`` is False), only those the run has samples for."""
         families = self.new_run_families()
         info_labels = run_settings.info_labels(self.store.catalog)
-        run = [state.run.project, state.run.experiment]
+        run = list(state.run.labels)
         if state.last_step is not None:
             families["last_step"].add_metric(run, state.last_step)
         if state.last_step_time is not None:

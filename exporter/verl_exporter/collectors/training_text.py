@@ -116,7 +116,7 @@ class RunText:
     def _render_logged(self, state: RunState) -> dict[str, bytes]:
         """The run's logged series, as client_python's text writer formats them (labels sorted by
         name, values escaped, floats as Go prints them), the run's labels formatted once."""
-        run = dict(zip(schema.RUN, (escape(state.run.project), escape(state.run.experiment))))
+        run = dict(zip(schema.RUN, map(escape, state.run.labels)))
         plain = ",".join(f'{name}="{run[name]}"' for name in sorted(run))
         lines: dict[str, list[str]] = {}
         for (name, label_values), (resolved, value) in state.series.items():

@@ -153,6 +153,10 @@ class Options:
     slurm_poll_interval: float = _option(
         "slurm.poll-interval", Duration(positive=True), 10.0, "time between looks for Slurm jobs starting and "
         "ending on this node (with --slurm)", reloadable=True)
+    owner_teams: str | None = _option(
+        "owner.teams", Text("FILE"), None, "YAML file mapping each team to its users (team: [user, ...]): the team "
+        "label of the runs they own, which the shipped Alertmanager routes training alerts by; a user it does not "
+        "name is in their Slurm job's account, else the pod's Kubernetes namespace, else in none")
     gpu_backend: str = _option(
         "gpu.backend", Choice(*GPU_BACKENDS), "auto", "GPU library: nvml (NVIDIA), amdsmi (AMD ROCm), or auto (NVML "
         "when it initialises, else amdsmi)")

@@ -46,7 +46,7 @@ class Forensics:
     """Checks runs for stalls (``check``) on its own thread; ``evidence`` serves what it captured."""
 
     def __init__(self, store: RunStore, *, job: JobSelector | None = None, gpu: GpuCollector | None = None,
-                 node_runs: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
+                 node_runs: Callable[[], Iterable[RunKey]] = lambda: (),
                  ready: Callable[[], bool] = lambda: True, stall_after: float = 600.0, interval: float = 15.0,
                  directory: str | None = None, retention: int = 50, max_bytes: int = MAX_BYTES,
                  clock: Callable[[], float] = time.time, py_spy: Callable[[], str | None] = find_py_spy,
@@ -81,12 +81,13 @@ class Forensics:
         if self._thread is not None:
             self._thread.join(timeout=1.0)  # a capture under way finishes on its own (daemon thread)
 
-    def evidence(self, project: str, experiment: str) -> str | None:
-        return self.archive.get(RunKey(project, experiment))
+    def evidence(self, run: RunKey) -> str | None:
+        """The latest evidence of ``run`` (its owner included), None if none."""
+        return self.archive.get(run)
 
     def check(self) -> list[Stall]:
         """One round: find the new stalls and capture each; returns them."""
-        mine = _Lazy(lambda: {tuple(run) for run in self.node_runs()})
+        mine = _Lazy(lambda: set(self.node_runs()))
         running = self.job.running() if self.job is not None else None
         stalls = self.watch.check(running, node_runs=lambda: mine.get(), limit=MAX_CAPTURES)
         round_ = _Round(self, mine)
@@ -94,16 +95,17 @@ class Forensics:
             now = self.clock()
             text = self.capture(stall, round_, now)
             path = self.archive.put(stall.run, text, now, owner=_owner(stall.sources))
-            ours = (stall.run.project, stall.run.experiment) in mine.get()
+            ours = stall.run in mine.get()
             self._remember(stall.run, now, (top_frame(round_.stacks(stall.run)) if ours else None) or "")
-            query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment})
-            log.warning("run %s/%s: %s; evidence at /debug/evidence?%s%s", stall.run.project, stall.run.experiment,
-                        stall.why, query, f" and {path}" if path else "")
+            query = urlencode({"project": stall.run.project, "experiment": stall.run.experiment,
+                               "user": stall.run.user})
+            log.warning("run %s: %s; evidence at /debug/evidence?%s%s", stall.run.named(), stall.why, query,
+                        f" and {path}" if path else "")
         return stalls
 
     def capture(self, stall: Stall, round_: "_Round", now: float) -> str:
         state = self.watch.state(stall.run)
-        ours = (stall.run.project, stall.run.experiment) in round_.mine.get()
+        ours = stall.run in round_.mine.get()
         tails = [read_tail(path, inode=self.open_files.inode(path)) for path in stall.sources]
         return render(stall, state, now=now, stacks=round_.stacks(stall.run) if ours else NOT_THIS_NODE + "\n",
                       gpus=round_.gpus(stall.run) if ours else NOT_THIS_NODE + "\n", tails=tails, host=self.host,

@@ -97,10 +97,10 @@ class StallWatch:
         return max(self.stall_after, MEDIAN_FACTOR * median) if median is not None else self.stall_after
 
     def check(self, job_running: bool | None = None,
-              node_runs: Callable[[], Iterable[tuple[str, str]]] = lambda: (), limit: int | None = None) -> list[Stall]:
+              node_runs: Callable[[], Iterable[RunKey]] = lambda: (), limit: int | None = None) -> list[Stall]:
         """The stalls found now, at most ``limit`` (the others are found by the next check).
         ``job_running``: whether the job's processes run (None: no job selector); ``node_runs``:
-        the (project, experiment) of the runs this node's job works for."""
+        the runs this node's job works for."""
         now = self.clock()
         self._read_store()
         stalls: list[Stall] = []
@@ -178,7 +178,7 @@ class StallWatch:
         return None
 
     def _job_exited(self, job_running: bool | None, now: float,
-                    node_runs: Callable[[], Iterable[tuple[str, str]]]) -> None:
+                    node_runs: Callable[[], Iterable[RunKey]]) -> None:
         """Once the job's processes, seen before, have been gone for ``exit_grace``: this node's
         unfinished runs are to be reported (``_exit_runs``)."""
         if job_running is None:
@@ -194,7 +194,7 @@ class StallWatch:
             self._job_seen = False  # the next exit needs the job seen running again
             mine = set(node_runs())
             self._exit_runs = {run for run, view in self._views.items()
-                               if (run.project, run.experiment) in mine and not view.finished}
+                               if run in mine and not view.finished}
 
     @staticmethod
     def _exit_why(view: _View) -> str:

@@ -9,23 +9,30 @@ labels ``job`` and ``instance`` that Prometheus adds. The output is OpenMetrics 
 ``promtool tsdb create-blocks-from openmetrics`` turns it into TSDB blocks, run here when
 promtool is on PATH (otherwise the command is printed). How each step's time is found: see
 ``timeline``.
+
+The samples are streamed to the file series by series and split into block windows through files,
+so memory follows the log's length (its steps), not the history's length in scrapes.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import glob
 import math
+import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, Iterator, TextIO
 
 from prometheus_client.utils import floatToGoString
 
@@ -54,6 +61,8 @@ HELP_NOTE = (" Backfilled from the log: step times are the lines' own timestamps
 # (timing_s/step 1e12) is wrong, and its samples would not fit in memory.
 MAX_HISTORY_SECONDS = 366 * 86400.0
 MAX_SAMPLES = 50_000_000  # written by one backfill: past it, a longer --scrape-interval
+WRITE_LINES = 4096  # lines of one series written at once
+SPLIT_BUFFER = 16 * 1024 * 1024  # characters split_by_block holds before appending them to the parts
 
 SeriesId = tuple[str, str, tuple[tuple[str, str], ...]]  # (family, sample name, labels)
 
@@ -82,11 +91,15 @@ class History:
 
     def grid(self, interval: float) -> list[float]:
         """The scrape times: every ``interval`` from the first step, and the end."""
+        return list(self.scrapes(interval))
+
+    def scrapes(self, interval: float) -> Iterator[float]:
+        """``grid``, one time after the other."""
         count = int((self.end - self.start) // interval)
-        times = [round(self.start + k * interval, 3) for k in range(count + 1)]
-        if times[-1] < round(self.end, 3):
-            times.append(round(self.end, 3))
-        return times
+        for k in range(count + 1):
+            yield round(self.start + k * interval, 3)
+        if round(self.start + count * interval, 3) < round(self.end, 3):
+            yield round(self.end, 3)
 
 
 def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, experiment: str | None = None,
@@ -156,12 +169,13 @@ def escape(text: str) -> str:
 def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
                       instance: str = "backfill", keep: Callable[[str], bool] | None = None) -> int:
     """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
-    ``keep``: whether a series name is written (all are without it)."""
+    ``keep``: whether a series name is written (all are without it). Each series is written as its
+    samples are made, a few thousand lines at a time: the text is never held whole."""
     count = int((history.end - history.start) // interval) + 2
     if count * len(history.series) > MAX_SAMPLES:
+        shortest = (history.end - history.start) * len(history.series) / MAX_SAMPLES
         raise ValueError(f"{count} scrapes of {len(history.series)} series are over {MAX_SAMPLES:,} samples: "
-                         "give a longer --scrape-interval")
-    grid = history.grid(interval)
+                         f"give a longer --scrape-interval (at least {math.ceil(shortest)} s)")
     target = (("instance", instance), ("job", job))
     written = 0
     by_family: dict[str, list[SeriesId]] = {}
@@ -178,12 +192,16 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
             changes = history.series[key]
             position, value = 0, None
             lines = []
-            for moment in grid:
+            for moment in history.scrapes(interval):
                 while position < len(changes) and changes[position][0] <= moment:
                     value = changes[position][1]
                     position += 1
                 if value is not None:
                     lines.append(f"{prefix}{floatToGoString(value)} {moment:.3f}\n")
+                    if len(lines) == WRITE_LINES:
+                        out.writelines(lines)
+                        written += len(lines)
+                        lines = []
             out.writelines(lines)
             written += len(lines)
     out.write("# EOF\n")
@@ -228,36 +246,64 @@ def create_blocks(openmetrics: Path, blocks: Path, promtool: str, block: int = B
 
 def split_by_block(openmetrics: Path, block: int = BLOCK_MILLISECONDS) -> list[Path]:
     """``openmetrics`` as one file per block window (``block`` milliseconds) of its samples (itself
-    when it has one)."""
-    windows: dict[int, list[str]] = {}
+    when it has one). The parts are new files (``mkstemp``) beside it; at most ``SPLIT_BUFFER``
+    characters are held before they are appended to their parts."""
+    parts: dict[int, Path] = {}
+    pending: dict[int, list[str]] = {}  # window -> its lines not yet in its part
+    held = 0
     header: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
     family = ""
     seen: dict[int, str] = {}  # window -> the last family whose header it got
-    with openmetrics.open(encoding="utf-8") as lines:
-        for line in lines:
-            if line.startswith("#"):
-                if line.startswith(("# HELP ", "# TYPE ")):
-                    name = line.split(" ", 3)[2]
-                    if name != family:
-                        family, header[name] = name, []
-                    header[name].append(line)
-                continue
-            window = int(float(line.rsplit(" ", 1)[1]) * 1000) // block
-            out = windows.get(window)
-            if out is None:
-                out = windows[window] = []
-            if seen.get(window) != family:
-                out += header.get(family, [])
-                seen[window] = family
-            out.append(line)
-    if len(windows) <= 1:
-        return [openmetrics]
-    parts = []
-    for window, out in sorted(windows.items()):
-        part = openmetrics.with_name(f"{openmetrics.stem}-{window}.om")
-        part.write_text("".join(out) + "# EOF\n", encoding="utf-8")
-        parts.append(part)
-    return parts
+
+    def flush() -> None:
+        for window, lines in pending.items():
+            if window not in parts:
+                handle, name = tempfile.mkstemp(prefix=f".{openmetrics.stem}-{window}-", suffix=".om",
+                                                dir=openmetrics.parent)
+                os.close(handle)
+                parts[window] = Path(name)
+            _append(parts[window], lines)
+        pending.clear()
+
+    try:
+        with openmetrics.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.startswith("#"):
+                    if line.startswith(("# HELP ", "# TYPE ")):
+                        name = line.split(" ", 3)[2]
+                        if name != family:
+                            family, header[name] = name, []
+                        header[name].append(line)
+                    continue
+                window = int(float(line.rsplit(" ", 1)[1]) * 1000) // block
+                out = pending.setdefault(window, [])
+                if seen.get(window) != family:
+                    out += header.get(family, [])
+                    held += sum(map(len, header.get(family, [])))
+                    seen[window] = family
+                out.append(line)
+                held += len(line)
+                if held > SPLIT_BUFFER:
+                    flush()
+                    held = 0
+        if len(seen) <= 1:
+            for part in parts.values():
+                part.unlink()
+            return [openmetrics]
+        for window in seen:
+            pending.setdefault(window, []).append("# EOF\n")
+        flush()
+    except BaseException:
+        for part in parts.values():
+            part.unlink(missing_ok=True)
+        raise
+    return [parts[window] for window in sorted(parts)]
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    """Append ``lines`` to ``path``, a file this process made: never through a link put in its place."""
+    with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "w", encoding="utf-8") as out:
+        out.writelines(lines)
 
 
 def parse_time(text: str) -> float:
@@ -310,16 +356,62 @@ def build_from_args(args: argparse.Namespace) -> History:
 
 
 def backfill(args: argparse.Namespace, output: Path, *, blocks: bool = True) -> tuple[History, Path, int]:
-    """Write ``output``/backfill.om and, when asked and promtool is found, ``output``/blocks/."""
+    """Write ``output``/backfill.om and, when asked and promtool is found, ``output``/blocks/.
+
+    Nothing is written through what someone else put there. An existing backfill.om must be a
+    regular file and blocks/ a folder, both the running user's, else ValueError: refusing is safer
+    than replacing, as nothing of another user's is touched and the user sees what was planted.
+    backfill.om is then written to a new file beside it and renamed onto it (``replacing``), so a
+    link put there meanwhile is replaced, not followed."""
+    openmetrics = output / OPENMETRICS_FILE
+    refuse_foreign(openmetrics, stat.S_ISREG, "regular file")
+    if blocks:
+        refuse_foreign(output / BLOCKS_DIR, stat.S_ISDIR, "folder")
     history = build_from_args(args)
     output.mkdir(parents=True, exist_ok=True)
-    openmetrics = output / OPENMETRICS_FILE
-    with openmetrics.open("w", encoding="utf-8") as out:
+    with replacing(openmetrics) as out:
         samples = write_openmetrics(history, out, interval=args.scrape_interval, job=args.job,
                                     instance=args.instance)
     if blocks:
+        refuse_foreign(output / BLOCKS_DIR, stat.S_ISDIR, "folder")  # again: the build took a while
         create_blocks(openmetrics, output / BLOCKS_DIR, args.promtool)
     return history, openmetrics, samples
+
+
+def refuse_foreign(path: Path, is_kind: Callable[[int], bool], kind: str) -> None:
+    """ValueError where ``path`` exists and is not a ``kind`` of the running user (a link is not)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        reason = "a symbolic link"
+    elif not is_kind(info.st_mode):
+        reason = f"not a {kind}"
+    elif info.st_uid != os.geteuid():
+        reason = f"owned by another user (uid {info.st_uid})"
+    else:
+        return
+    raise ValueError(f"refusing to write {path}: it is {reason}; remove it or give another --output")
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[TextIO]:
+    """A new file beside ``path`` (``mkstemp``: created, never opened through a link), renamed onto
+    ``path`` when the block ends (a link there is replaced, not followed), removed if it raises."""
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    out = os.fdopen(handle, "w", encoding="utf-8")
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(handle, 0o666 & ~mask)  # as open() would have made it
+        with out:
+            yield out
+        os.replace(name, path)
+    except BaseException:
+        out.close()
+        Path(name).unlink(missing_ok=True)
+        raise
 
 
 def describe(history: History) -> str:
@@ -365,8 +457,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     make_blocks = not args.no_blocks and bool(args.promtool)
     try:
         history, openmetrics, samples = backfill(args, args.output, blocks=make_blocks)
-    except (OSError, ValueError, RuntimeError) as exc:
-        print(f"verl-exporter backfill: error: {exc}", file=sys.stderr)
+    except (OSError, ValueError, RuntimeError, ArithmeticError, MemoryError) as exc:
+        print(f"verl-exporter backfill: error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(describe(history))
     print(f"wrote {samples} samples of {len(history.series)} series to {openmetrics}")
@@ -376,3 +468,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print("make TSDB blocks with: " + " ".join(promtool_command(openmetrics, blocks)))
     return 0
+
+
+def one_line(exc: BaseException) -> str:
+    """The error as one line."""
+    if isinstance(exc, MemoryError):
+        return "out of memory: give fewer logs at once or a longer --scrape-interval"
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or type(exc).__name__

@@ -15,8 +15,10 @@ The limits, all enforced before any credentials are checked:
   ``MAX_BODIES_IN_FLIGHT`` distinct renderings are held by unfinished answers (the oldest
   round's laggards are dropped);
 - ``MAX_CONNECTIONS`` open at once (and at most half the file descriptor limit): a new
-  connection past the cap closes the oldest one that has no request in progress (one still
-  sending its request's head or body has none), or is refused when every one has.
+  connection past the cap closes the oldest quiet one (no request in progress and no byte of one
+  received: an idle client), else the oldest one that has no request in progress (one still
+  sending its request's head or body has none), or is refused when every one has. A client that
+  sent its request is not closed to make room while an idle one is open.
 """
 
 from __future__ import annotations
@@ -58,11 +60,23 @@ class Listener(Protocol):
     connections: dict[Connection, None]
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str, client: str = "") -> tuple[int, bytes, list]: ...
+                     target: str, client: str = "", sock: socket.socket | None = None) -> tuple[int, bytes, list]: ...
 
     def pin(self, connection: Connection, body: bytes) -> None: ...
 
     def unpin(self, connection: Connection, body: bytes) -> None: ...
+
+
+class _Protocol(asyncio.StreamReaderProtocol):
+    """The stream's protocol; tells its connection that the client sent bytes."""
+
+    def __init__(self, reader: asyncio.StreamReader, connection: Connection):
+        super().__init__(reader)
+        self._connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        self._connection.heard = True
+        super().data_received(data)
 
 
 class Connection:
@@ -75,8 +89,22 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.busy = False
+        self.heard = False  # bytes of a request not yet answered came in (read or not)
+        self._running = False
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
+
+    def quiet(self) -> bool:
+        """No request in progress and no byte of one received, read or still in the socket: an idle
+        client, the first to close to make room."""
+        if self.busy or self.heard:
+            return False
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return True  # closed or reset: nothing to answer
 
     # -- deadlines -------------------------------------------------------------------------------
 
@@ -97,11 +125,14 @@ class Connection:
         if self.transport is not None:
             self.transport.abort()
         elif self.task is not None:
+            if not self._running:
+                self.sock.close()  # its task never ran: nothing else closes it
             self.task.cancel()  # still in the TLS handshake or the peek before it
 
     # -- the connection ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        self._running = True
         try:
             self._arm(self.server.header_timeout)
             if await self._open():
@@ -143,7 +174,7 @@ class Connection:
             if not first:
                 return False
         self.reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES)
-        protocol = asyncio.StreamReaderProtocol(self.reader)
+        protocol = _Protocol(self.reader, self)
         try:
             transport, _ = await loop.connect_accepted_socket(
                 lambda: protocol, self.sock, ssl=context,
@@ -184,10 +215,11 @@ class Connection:
             # announcing a body and then nothing holds no slot the cap must keep.
             complete = small_body(request) and await self._skip_body(conn)
             self.busy = True
+            self.heard = bool(conn.trailing_data[0])  # a pipelined request's bytes, if any
             self._disarm()
             method = request.method.decode("ascii", "replace")
             target = request_path(request.target)
-            status, body, headers = await self.server.answer(self.web, request, method, target, self.client)
+            status, body, headers = await self.server.answer(self.web, request, method, target, self.client, self.sock)
             if not complete:  # the rest of a body too large to skip: this connection serves no more
                 headers = [*headers, ("Connection", "close")]
             log.debug("%s \"%s %s HTTP/%s\" %d %d", self.client, printable(method), printable(target),

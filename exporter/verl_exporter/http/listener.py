@@ -1,6 +1,7 @@
 """The listening side of the HTTP server: one socket, the connections it accepted (at most
-``MAX_CONNECTIONS``, and at most half the file descriptor limit: past the cap the oldest idle one is
-closed, or the new one refused when every one has a request in progress), and the large renderings
+``MAX_CONNECTIONS``, and at most half the file descriptor limit: past the cap the oldest quiet one,
+that sent nothing, is closed, else the oldest with no request in progress, or the new one refused
+when every one has a request in progress), and the large renderings
 that unfinished answers hold (at most ``MAX_BODIES_IN_FLIGHT``: the oldest one's slow readers are
 dropped). Every connection runs on one asyncio event loop (``http_connection.Connection``)."""
 
@@ -18,6 +19,8 @@ from verl_exporter.http.connection import Connection, log
 from verl_exporter.http.web_config import WebConfig
 
 MAX_CONNECTIONS = 256
+BACKLOG = 1024  # connections the kernel holds until accepted (capped by net.core.somaxconn)
+ACCEPT_BURST = 64  # connections accepted in a row before the loop lets the others run
 MAX_BODIES_IN_FLIGHT = 4  # distinct renderings held by answers still being written
 PINNED_BODY_BYTES = 256 * 1024  # answers smaller than this are not counted in MAX_BODIES_IN_FLIGHT
 
@@ -32,7 +35,7 @@ def _listen(address: tuple[str, int]) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -111,7 +114,11 @@ class ConnectionServer:
         await asyncio.gather(accepting, *tasks, return_exceptions=True)
 
     async def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
+        accepted = 0
         while True:
+            accepted += 1
+            if accepted % ACCEPT_BURST == 0:
+                await asyncio.sleep(0)  # a full backlog is accepted without a wait: let the others run
             try:
                 sock, peer = await loop.sock_accept(self.socket)
             except OSError as exc:  # out of file descriptors or buffers: wait for connections to end
@@ -130,15 +137,23 @@ class ConnectionServer:
             connection.task = loop.create_task(connection.run())
 
     def _make_room(self) -> bool:
-        """Close the oldest connection without a request in progress; False if every one has one."""
+        """Close the oldest quiet connection (``Connection.quiet``), else the oldest without a request
+        in progress; False if every one has one. A client that sent a request is not the one closed
+        while an idle one is open, however many connect after it."""
+        other = None
         for connection in self.connections:
-            if not connection.busy:
-                log.debug("closing an idle connection from %s: %d connections open", connection.client,
-                          len(self.connections))
-                connection.abort()
-                self.connections.pop(connection, None)
-                return True
-        return False
+            if connection.busy:
+                continue
+            if connection.quiet():
+                other = connection
+                break
+            other = other or connection
+        if other is None:
+            return False
+        log.debug("closing an idle connection from %s: %d connections open", other.client, len(self.connections))
+        other.abort()
+        self.connections.pop(other, None)
+        return True
 
     def pin(self, connection: Connection, body: bytes) -> None:
         """``connection`` writes ``body``; past MAX_BODIES_IN_FLIGHT distinct bodies, the writers of
@@ -164,7 +179,7 @@ class ConnectionServer:
                 del self.pinned[id(body)]
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str, client: str = "") -> tuple[int, bytes, list]:
+                     target: str, client: str = "", sock: socket.socket | None = None) -> tuple[int, bytes, list]:
         """The status, body and headers that answer ``request`` (``web``: the connection's web config;
-        ``client``: the address it came from)."""
+        ``client``: the address it came from; ``sock``: its socket)."""
         raise NotImplementedError

@@ -11,6 +11,8 @@ import binascii
 import functools
 import ipaddress
 import logging
+import os
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -22,7 +24,10 @@ from verl_exporter import __version__, shipped
 from verl_exporter.exposition import Exposition
 from verl_exporter.http.connection import HEADER_TIMEOUT, MAX_HEADERS, WRITE_TIMEOUT
 from verl_exporter.http.listener import ConnectionServer
+from verl_exporter.http.peer import peer_uid
 from verl_exporter.http.web_config import WebConfig
+from verl_exporter.store.owners import user_name
+from verl_exporter.store.records import RunKey
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +80,14 @@ class ExporterHTTPServer(ConnectionServer):
 
     def __init__(self, address: tuple[str, int], exposition: Exposition, telemetry_path: str | Callable[[], str],
                  ready: Callable[[], bool], web: WebConfig | None = None,
-                 evidence: Callable[[str, str], str | None] | None = None):
+                 evidence: Callable[[RunKey], str | None] | None = None):
         self.exposition = exposition
         self._telemetry_path = telemetry_path if callable(telemetry_path) else (lambda: telemetry_path)
         self.ready = ready
-        self.evidence = evidence  # (project, experiment) -> the run's evidence text, None if none; None: off
+        self.evidence = evidence  # run -> the run's evidence text, None if none; None: off
         # Without basic auth, the evidence (log lines, command lines, stacks) goes to this host's own
-        # clients only, unless --forensics.remote says anyone who reaches the port may read it.
+        # clients of the run's owner, root or the exporter's own user only (``peer``), unless
+        # --forensics.remote says anyone who reaches the port may read it.
         self.evidence_remote = False
         super().__init__(address, web or WebConfig(), HEADER_TIMEOUT, WRITE_TIMEOUT)
         self.render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="http-render")
@@ -97,14 +103,14 @@ class ExporterHTTPServer(ConnectionServer):
         self.auth_pool.shutdown(wait=False, cancel_futures=True)
 
     async def answer(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str, client: str = "") -> tuple[int, bytes, list]:
-        status, body, content_type, extra = await self._route(web, request, method, target, client)
+                     target: str, client: str = "", sock: socket.socket | None = None) -> tuple[int, bytes, list]:
+        status, body, content_type, extra = await self._route(web, request, method, target, client, sock)
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra,
                    *web.headers.items()]
         return status, body, headers
 
     async def _route(self, web: WebConfig, request: h11.Request, method: str,
-                     target: str, client: str = "") -> tuple[int, bytes, str, list]:
+                     target: str, client: str = "", sock: socket.socket | None = None) -> tuple[int, bytes, str, list]:
         plain = "text/plain; charset=utf-8"
         if request.http_version not in (b"1.0", b"1.1"):
             return 505, b"HTTP version not supported\n", plain, []
@@ -129,7 +135,7 @@ class ExporterHTTPServer(ConnectionServer):
         if path == EVIDENCE_PATH:
             if not (web.authenticates or self.evidence_remote or _loopback(client)):
                 return 403, EVIDENCE_LOCAL_ONLY, plain, []
-            return await self._evidence(query)
+            return await self._evidence(query, open_to_all=web.authenticates or self.evidence_remote, sock=sock)
         if path == "/":
             return 200, _landing_page(self.telemetry_path), "text/html; charset=utf-8", []
         return 404, b"not found; metrics are at " + self.telemetry_path.encode() + b"\n", plain, []
@@ -168,21 +174,28 @@ class ExporterHTTPServer(ConnectionServer):
             extra.append(("Content-Encoding", "gzip"))
         return 200, body, content_type, extra
 
-    async def _evidence(self, query: str) -> tuple[int, bytes, str, list]:
-        """The evidence captured on a run's stall (forensics), as plain text; behind the same auth."""
+    async def _evidence(self, query: str, open_to_all: bool = False,
+                        sock: socket.socket | None = None) -> tuple[int, bytes, str, list]:
+        """The evidence captured on a run's stall (forensics), as plain text; behind the same auth.
+        A loopback client that did not authenticate gets it only where it runs as the run's owner,
+        root or the exporter's own user (its socket's uid, ``peer.peer_uid``)."""
         plain = "text/plain; charset=utf-8"
         args = parse_qs(query, keep_blank_values=True)
-        project, experiment = (args.get(name, [""])[0] for name in ("project", "experiment"))
+        project, experiment, user = (args.get(name, [""])[0] for name in ("project", "experiment", "user"))
         if not project or not experiment:
-            return 400, (b"want ?project=P&experiment=E: the run's trainer.project_name and "
-                         b"trainer.experiment_name, as in the metrics' labels\n"), plain, []
+            return 400, (b"want ?project=P&experiment=E&user=U: the run's trainer.project_name, "
+                         b"trainer.experiment_name and owner, as in the metrics' labels\n"), plain, []
         evidence = self.evidence
         if evidence is None:
             return 404, b"no evidence: forensics is off (--no-forensics)\n", plain, []
-        text = await asyncio.get_running_loop().run_in_executor(self.render_pool, evidence, project,
-                                                                experiment)
+        loop = asyncio.get_running_loop()
+        if not open_to_all:
+            uid = await loop.run_in_executor(self.render_pool, peer_uid, sock) if sock is not None else None
+            if uid is None or (uid not in (0, os.getuid()) and user_name(uid) != user):
+                return 403, EVIDENCE_OWNER_ONLY, plain, []
+        text = await loop.run_in_executor(self.render_pool, evidence, RunKey(project, experiment, user))
         if text is None:
-            return 404, (f"no evidence for project={project!r} experiment={experiment!r}: the exporter "
+            return 404, (f"no evidence for project={project!r} experiment={experiment!r} user={user!r}: the exporter "
                          "has not seen this run stall (or does not follow it)\n").encode("utf-8", "replace"), plain, []
         return 200, text.encode("utf-8", "replace"), plain, [("Cache-Control", "no-store")]
 
@@ -190,6 +203,11 @@ EVIDENCE_LOCAL_ONLY = (b"the evidence holds log lines, command lines and stacks:
                        b"served to this host's loopback clients only; set basic_auth_users (or a verified client "
                        b"certificate) in --web.config.file, or --forensics.remote to serve it to anyone who "
                        b"reaches this port\n")
+
+
+EVIDENCE_OWNER_ONLY = (b"the evidence of a run is served on this host to its owner (user=), root and the "
+                       b"exporter's own user only: connect as that user, or authenticate (basic_auth_users or a "
+                       b"verified client certificate in --web.config.file)\n")
 
 
 def _loopback(client: str) -> bool:
@@ -221,7 +239,7 @@ def _landing_page(path: str) -> bytes:
         "<html><head><title>verl exporter</title></head><body><h1>verl exporter</h1>"
         f"<p>Version {__version__}</p><ul><li><a href='{path}'>Metrics</a></li>"
         "<li><a href='/-/healthy'>Health</a></li><li><a href='/-/ready'>Readiness</a></li></ul>"
-        f"<p>Evidence of a stalled run: {EVIDENCE_PATH}?project=P&amp;experiment=E</p>"
+        f"<p>Evidence of a stalled run: {EVIDENCE_PATH}?project=P&amp;experiment=E&amp;user=U</p>"
         "</body></html>\n"
     ).encode()
 
@@ -229,7 +247,7 @@ def _landing_page(path: str) -> bytes:
 def serve(address: tuple[str, int], exposition: Exposition, telemetry_path: str | Callable[[], str] = "/metrics",
           ready: Callable[[], bool] = lambda: True,
           web: WebConfig | None = None,
-          evidence: Callable[[str, str], str | None] | None = None,
+          evidence: Callable[[RunKey], str | None] | None = None,
           evidence_remote: bool = False) -> tuple[ExporterHTTPServer, threading.Thread]:
     """Bind (OSError if the port is taken) and serve ``exposition`` in a daemon thread;
     ``evidence`` answers /debug/evidence (forensics): to loopback clients, to authenticated ones

@@ -60,7 +60,7 @@ class KubernetesPod:
         return self.job_uid or self.pod_uid or f"{self.namespace}/{self.pod}"
 
     def run(self, run: RunKey) -> JobRun:
-        return JobRun(run.project, run.experiment, "kubernetes", self.job_id, self.job_name or self.pod,
+        return JobRun(run, "kubernetes", self.job_id, self.job_name or self.pod,
                       namespace=self.namespace, pod=self.pod)
 
 

@@ -14,7 +14,11 @@ line does not escape it), takes the GPUs and node name only from that user's pro
 or a link to one, is refused).
 
 A run in a job's output is named by verl's config print, else ``project`` = the job's name and
-``experiment`` = the job's id. A file that shows no verl line is followed but makes no run.
+``experiment`` = the job's id, and owned by the job's user (``RunKey.user``): a job of another user
+whose config print names the same project and experiment writes a run of its own user, which can
+never feed, finish or crash this one, nor put its processes in this run's evidence. The owner's team
+is the job's Slurm account where ``--owner.teams`` names none (``store.owners``). A file that shows
+no verl line is followed but makes no run.
 
 A job of several nodes (verl's Ray-on-Slurm layout: the driver on the batch host, Ray workers started
 with ``srun`` on the others) logs on its batch host. That node's watcher serves the run's training
@@ -44,12 +48,13 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Callable, Iterable, Sequence
 
+from verl_exporter.store.owners import NO_TEAMS, Owners, user_name
 from verl_exporter.store.records import Record, RunKey
 from verl_exporter.store.run_store import RunStore
 
 from ..collectors.job_info import JobEnd, JobRun
-from ..sources import Ingestor
 from ..sources.open_files import OpenFiles
+from ..sources.reader_pool import ReaderPool
 from .slurm_jobs import SCONTROL_TIMEOUT, SlurmJob, named_uids, show_job
 from .slurm_output import JobSource
 from .slurm_procs import LocalJob, job_owner, scan_proc
@@ -63,8 +68,11 @@ _STILL_ENDING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING",
 # look, and an id Slurm does not answer for is asked about again after 1, 2, 4 ... up to MAX_WAIT looks.
 MAX_ASKS = 16
 MAX_WAIT = 32
-# Each job's files are read on a thread of its own: one that hangs (a user's FUSE mount, a dead NFS
-# server) stops only that job's reading, and is waited for at most this long when the job ends.
+# The jobs' files are read on at most this many threads (a few more while reads hang), not one per
+# job: the systemd unit's TasksMax=64 must leave room for the scrapes' threads with many jobs on a node.
+READER_THREADS = 8
+# A read that hangs (a user's FUSE mount, a dead NFS server) stops only its own job's reading (the
+# others on its thread move to another), and is waited for at most this long when the job ends.
 READ_STOP_TIMEOUT = 5.0
 
 
@@ -96,7 +104,7 @@ class _Followed:
     believed: bool = True  # Slurm's line names one user (not a job name's forged UserId=)
     runs: set[RunKey] = field(default_factory=set)  # as last seen (kept once the job ended)
     head: bool = True  # this node is the job's batch host: its runs' figures are served from here
-    reader: Ingestor | None = None  # the thread that reads its files
+    reader: ReaderPool | None = None  # the threads that read its files
     ended: bool = False
     end_checks: int = 0
     end: JobEnd | None = None  # how and when Slurm ended the job (known on its batch host only)
@@ -109,8 +117,9 @@ class SlurmWatcher:
     def __init__(self, store: RunStore, *, proc_root: str = "/proc", scontrol: Callable[[str], str | None] = show_job,
                  interval: Callable[[], float] | float = 10.0, source_interval: float = 0.5,
                  open_files: OpenFiles | None = None, hostname: str | None = None,
-                 clock: Callable[[], float] = time.time, own_pid: int | None = None):
+                 clock: Callable[[], float] = time.time, own_pid: int | None = None, owners: Owners = NO_TEAMS):
         self.store = store
+        self.owners = owners  # the team of each job's user: its Slurm account, where the teams file names none
         # A worker node's copy of its jobs' runs, read only to name them; never served.
         self.worker_store = RunStore(store.catalog)
         self.proc_root = proc_root
@@ -129,6 +138,7 @@ class SlurmWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        self.readers = ReaderPool(READER_THREADS, interval=source_interval)
         # The GPU library's indices of the GPUs a job's processes use (the GPU collector's
         # ``gpus_used_by``): Slurm numbers GPUs in gres.conf's order, which need not be the library's.
         self.gpus_in_use: Callable[[set[int]], tuple[str, ...]] | None = None
@@ -149,9 +159,9 @@ class SlurmWatcher:
                 pids |= set(item.local.pids)
         return pids
 
-    def node_runs(self) -> set[tuple[str, str]]:
+    def node_runs(self) -> set[RunKey]:
         """The runs of the jobs with a live process on this node (for ``verl_node_run_info``)."""
-        return {(row.project, row.experiment) for row in self.rows() if row.running}
+        return {row.run for row in self.rows() if row.running}
 
     def rows(self) -> list[JobRun]:
         with self._lock:
@@ -165,8 +175,8 @@ class SlurmWatcher:
             in_use = self.gpus_in_use(item.local.pids) if self.gpus_in_use and not item.ended else ()
             gpus = in_use or item.local.gpus or job.gres_gpus
             for run in sorted(item.runs):
-                rows.append(JobRun(run.project, run.experiment, "slurm", job.job_id, job.job_name, job.user,
-                                   job.partition, gpus=gpus, running=not item.ended, end=item.end))
+                rows.append(JobRun(run, "slurm", job.job_id, job.job_name, job.partition, gpus=gpus,
+                                   running=not item.ended, end=item.end))
         return rows
 
     # -- the watcher thread
@@ -178,16 +188,11 @@ class SlurmWatcher:
 
     def poll_all(self) -> int:
         """One synchronous round over every job's files (for tests: the readers' threads poll)."""
-        with self._lock:
-            readers = [followed.reader for followed in self.jobs.values() if followed.reader is not None]
-        return sum(reader.poll_all() for reader in readers)
+        return self.readers.poll_all()
 
     def start(self) -> None:
         self._started = True
-        with self._lock:
-            readers = [followed.reader for followed in self.jobs.values() if followed.reader is not None]
-        for reader in readers:
-            reader.start()
+        self.readers.start()
         self._thread = threading.Thread(target=self._run, name="verl-exporter-slurm", daemon=True)
         self._thread.start()
 
@@ -197,6 +202,7 @@ class SlurmWatcher:
             self._thread.join(SCONTROL_TIMEOUT + 5)
         for followed in list(self.jobs.values()):
             self._halt(followed)
+        self.readers.stop(READ_STOP_TIMEOUT)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -268,18 +274,22 @@ class SlurmWatcher:
             return _Followed(job, local, [], owner=None, believed=believed)
         local = local.of_user(owner)
         paths = job.output_files(self.hostname)
-        default = RunKey(job.job_name or "slurm", job.job_id)
+        # The job's runs are its user's (the files it reads are that user's): another job's config
+        # print naming the same project and experiment makes a run of that job's user.
+        user = user_name(owner)
+        self.owners.learn(user, job.account)
+        default = self.owners.run(job.job_name or "slurm", job.job_id, user)
         # The node's name in Slurm: its processes' SLURMD_NODENAME, else the short host name.
         head = not job.batch_host or job.batch_host == (local.node or self.hostname.split(".")[0])
         store = self.store if head else self.worker_store
         sources = [JobSource(path, store, default_run=default, both_files=len(paths) > 1, owner=owner,
-                             open_files=self.open_files) for path in paths]
+                             open_files=self.open_files, owners=self.owners) for path in paths]
         for source in sources:
             source.siblings = [other for other in sources if other is not source]
         log.info("following Slurm job %s (%s, user %s)%s: %s", job.job_id, job.job_name, job.user,
                  "" if head else f" as a worker node of batch host {job.batch_host}, for the run's name only",
                  ", ".join(paths) or "no output file")
-        reader = Ingestor(sources, interval=self.source_interval) if sources else None
+        reader = self.readers if sources else None
         return _Followed(job, local, sources, owner=owner, head=head, reader=reader)
 
     def _apply(self, added: list[_Followed], gone: list[_Followed], named: Sequence[_Followed] = ()) -> None:
@@ -292,8 +302,8 @@ class SlurmWatcher:
                 self.jobs[followed.job.job_id] = followed
             if replaced is not None:  # followed before without its files (its user's processes came)
                 self._halt(replaced)
-            if self._started and followed.reader is not None:
-                followed.reader.start()
+            if followed.reader is not None:
+                followed.reader.add(followed.sources)
         for followed in gone:
             self._end(followed)
         for followed in named:
@@ -305,11 +315,11 @@ class SlurmWatcher:
             with self._lock:
                 followed.sources, followed.reader = [], None
             log.info("Slurm job %s: its run is %s; no more of its output is read on this node", followed.job.job_id,
-                     ", ".join(f"{run.project}/{run.experiment}" for run in sorted(followed.runs)))
+                     ", ".join(run.named() for run in sorted(followed.runs)))
 
     def _halt(self, followed: _Followed) -> bool:
-        """Stop the job's reader; False (and a warning) when its read hangs past READ_STOP_TIMEOUT."""
-        if followed.reader is None or followed.reader.stop(READ_STOP_TIMEOUT):
+        """Stop reading the job's files; False (and a warning) when its read hangs past READ_STOP_TIMEOUT."""
+        if followed.reader is None or followed.reader.remove(followed.sources, READ_STOP_TIMEOUT):
             return True
         log.warning("Slurm job %s: reading its files hangs (%s); the other jobs are read on", followed.job.job_id,
                     ", ".join(source.pattern for source in followed.sources))
@@ -340,8 +350,8 @@ class SlurmWatcher:
             followed.end_checks += 1
             return  # Slurm has not settled the job's state yet: look again
         for run in undecided:
-            log.warning("Slurm job %s ended before run %s/%s finished: counted as crashed", followed.job.job_id,
-                        run.project, run.experiment)
+            log.warning("Slurm job %s ended before run %s finished: counted as crashed", followed.job.job_id,
+                        run.named())
         self._retire(followed, final)
 
     def _retire(self, followed: _Followed, final: SlurmJob | None) -> None:

@@ -43,6 +43,7 @@ class SlurmJob:
     job_name: str = ""
     user: str = ""
     uid: int | None = None
+    account: str = ""  # "" where a job name could have forged it (two ``Account=`` on the line)
     partition: str = ""
     node_list: str = ""
     batch_host: str = ""
@@ -66,6 +67,7 @@ class SlurmJob:
         return cls(
             job_id=fields["JobId"], job_name=fields.get("JobName", ""),
             user=re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), uid=_uid(fields.get("UserId", "")),
+            account=_account(fields.get("Account", "")) if text.count(" Account=") == 1 else "",
             partition=fields.get("Partition", ""),
             node_list=fields.get("NodeList", ""), batch_host=fields.get("BatchHost", ""),
             work_dir=fields.get("WorkDir", ""), std_out=fields.get("StdOut", ""), std_err=fields.get("StdErr", ""),
@@ -177,3 +179,8 @@ def show_job(job_id: str) -> str | None:
         log.debug("scontrol show job %s: %s", job_id, done.stderr.strip()[:200])
         return None
     return done.stdout
+
+
+def _account(text: str) -> str:
+    """Slurm's account of a job; "" for none (``(null)`` on a cluster without accounting)."""
+    return "" if text in ("(null)", "None") else text

@@ -7,7 +7,8 @@ runs several jobs at once is a target once, in the group of its oldest job (the 
 node listed twice would be scraped twice, and every per-node sum of the rules would count it twice.
 Each run's own job is in the exporter's ``verl_job_info``. The jobs come
 from ``squeue --noheader --states=RUNNING --format=...`` (no ``--json``: it needs plugins not every
-22.05 install has), compressed node lists are expanded by ``scontrol show hostnames``.
+22.05 install has), their names from a second squeue call that prints each name in a field of fixed
+width, compressed node lists are expanded by ``scontrol show hostnames``.
 
 An answer is reused for ``--cache-ttl``, so many Prometheus servers (or a short ``refresh_interval``)
 cost slurmctld one ``squeue`` per TTL. A Slurm command that fails or outlives ``--slurm.timeout`` is
@@ -46,11 +47,14 @@ TARGETS_PATH = "/targets"
 DEFAULT_LISTEN = ":9946"
 DEFAULT_EXPORTER_PORT = 9945
 # %i job id, %u user, %P partition, %N node list: nothing a job's owner writes, one line per job.
-# Then the same with %j, the name, last: a name may hold the separator, and line breaks, so it is
-# only read for the jobs of the first list, never as jobs of its own.
-SQUEUE_FIELDS = ("slurm_job_id", "slurm_user", "slurm_partition", "nodes", "slurm_job_name")
+SQUEUE_FIELDS = ("slurm_job_id", "slurm_user", "slurm_partition", "nodes")
 SQUEUE_JOBS_FORMAT = "%i|%u|%P|%N"
-SQUEUE_FORMAT = "%i|%u|%P|%N|%j"
+# The names: a name may hold the separator and line breaks, even another job's whole line, so it is
+# read by position, never by its lines. squeue cuts a %<width>j field to width bytes and pads it with
+# spaces, and Slurm refuses names over 1024 bytes: each line is the id, exactly NAME_WIDTH bytes of
+# name, and the id again.
+NAME_WIDTH = 1024
+SQUEUE_NAMES_FORMAT = f"%i|%{NAME_WIDTH}j|%i"
 JSON_TYPE = "application/json"
 
 Runner = Callable[[list[str], float], str]  # (argv, timeout seconds) -> stdout; raises on failure
@@ -63,10 +67,11 @@ class SlurmError(Exception):
 def run_command(argv: list[str], timeout: float) -> str:
     """Run a Slurm client command; its stdout, or SlurmError with its stderr (or the timeout)."""
     try:
-        # its own process group: a site's wrapper script that hangs is killed with what it started
+        # its own process group: a site's wrapper script that hangs is killed with what it started;
+        # surrogateescape keeps the bytes of a name that is not UTF-8 (names are read by their length
+        # in bytes), and _text turns them into U+FFFD
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   encoding="utf-8", errors="replace", start_new_session=True)  # a name in
-        # another encoding is that job's name with U+FFFD in it, not every answer failing
+                                   encoding="utf-8", errors="surrogateescape", start_new_session=True)
     except OSError as exc:
         raise SlurmError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     try:
@@ -92,35 +97,56 @@ class Job:
 
 def parse_squeue(jobs_text: str, names_text: str) -> list[Job]:
     """The jobs of ``squeue --noheader --format=SQUEUE_JOBS_FORMAT`` (``jobs_text``; lines without
-    the four fields or a node are skipped with a warning), each named from ``--format=SQUEUE_FORMAT``
-    (``names_text``). squeue ends its lines at ``\n`` only; a line of ``names_text`` starts a job's
-    name where it begins with that job's four fields, else it goes on the name before (a name that
-    holds a line break). A job that ``names_text`` does not name (it started in between) has an empty
-    name. So a name can forge no job, host or user."""
+    the four fields or a node are skipped with a warning), each named from
+    ``--format=SQUEUE_NAMES_FORMAT`` (``names_text``, see ``parse_names``). A job left unnamed (it
+    started in between, or the names did not parse) has an empty name. So a name can forge no job,
+    host or user, nor another job's name."""
     jobs: dict[str, Job] = {}
     for line in jobs_text.split("\n"):
         if not line.strip():
             continue
-        values = line.split("|")
-        if len(values) != len(SQUEUE_FIELDS) - 1 or not values[0].strip() or not values[3].strip():
-            log.warning("skipping an squeue line that is not %s: %r", SQUEUE_JOBS_FORMAT, line[:200])
+        values = [_text(value).strip() for value in line.split("|")]
+        if len(values) != len(SQUEUE_FIELDS) or not values[0] or not values[3]:
+            log.warning("skipping an squeue line that is not %s: %r", SQUEUE_JOBS_FORMAT, _text(line[:200]))
             continue
-        if line + "|" in jobs:
-            continue
-        fields = dict(zip(SQUEUE_FIELDS, (value.strip() for value in values)))
+        fields = dict(zip(SQUEUE_FIELDS, values))
         nodes = fields.pop("nodes")
-        jobs[line + "|"] = Job({**fields, "slurm_job_name": ""}, nodes)
-    names: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in names_text.split("\n"):
-        prefix = "|".join(line.split("|", len(SQUEUE_FIELDS) - 1)[:-1]) + "|"
-        if prefix in jobs and prefix not in names:
-            current = names[prefix] = [line[len(prefix):]]
-        elif current is not None:
-            current.append(line)
-    for prefix, job in jobs.items():
-        job.labels["slurm_job_name"] = "\n".join(names.get(prefix, [""])).rstrip("\n")
+        jobs.setdefault(fields["slurm_job_id"], Job({**fields, "slurm_job_name": ""}, nodes))
+    for job_id, name in parse_names(names_text).items():
+        if job_id in jobs:
+            jobs[job_id].labels["slurm_job_name"] = name
     return list(jobs.values())
+
+
+def parse_names(text: str) -> dict[str, str]:
+    """Job id -> name from ``squeue --noheader --format=SQUEUE_NAMES_FORMAT``: per job the id, ``|``,
+    NAME_WIDTH bytes of name (trailing spaces are squeue's padding), ``|``, the same id and a line
+    break. The name's bytes are never searched, so whatever they hold names only their own job. An
+    answer that is not all such lines names no job (a warning): past the first bad one it cannot be
+    told where a name ends, nor, before it, that squeue padded as expected."""
+    data = text.encode("utf-8", "surrogateescape")
+    names: dict[str, str] = {}
+    start = 0
+    while start < len(data):
+        bar = data.find(b"|", start)
+        job_id = data[start:bar] if bar > start else b""
+        end = bar + 1 + NAME_WIDTH
+        line_end = data.find(b"\n", end)
+        if (not job_id or b"\n" in job_id or line_end < 0 or data[end:end + 1] != b"|"
+                or data[end + 1:line_end] != job_id or _text(job_id) in names):
+            log.warning("cannot read the job names: squeue printed no %s line at byte %d: %r",
+                        SQUEUE_NAMES_FORMAT, start, _text(data[start:start + 80]))
+            return {}
+        names[_text(job_id)] = _text(data[bar + 1:end].rstrip(b" "))
+        start = line_end + 1
+    return names
+
+
+def _text(value: str | bytes) -> str:
+    """``value`` (bytes, or text decoded with surrogateescape) as text, U+FFFD for bytes not UTF-8."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    return value.decode("utf-8", "replace")
 
 
 def split_node_list(nodes: str) -> list[str]:
@@ -140,7 +166,7 @@ def split_node_list(nodes: str) -> list[str]:
 
 def parse_hostnames(text: str) -> list[str]:
     """Host names from ``scontrol show hostnames``: one per line."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [_text(line).strip() for line in text.splitlines() if line.strip()]
 
 
 @dataclass
@@ -162,7 +188,7 @@ class Discovery:
     def __post_init__(self) -> None:
         self._pattern = re.compile(self.job_match)
 
-    def squeue_argv(self, fmt: str = SQUEUE_FORMAT) -> list[str]:
+    def squeue_argv(self, fmt: str) -> list[str]:
         argv = [self.squeue, "--noheader", "--states=RUNNING", f"--format={fmt}"]
         if self.partitions:
             argv.append("--partition=" + ",".join(self.partitions))
@@ -193,7 +219,7 @@ class Discovery:
         groups = []
         listed: set[str] = set()
         jobs = self.run(self.squeue_argv(SQUEUE_JOBS_FORMAT), self.timeout)
-        named = self.run(self.squeue_argv(), self.timeout)
+        named = self.run(self.squeue_argv(SQUEUE_NAMES_FORMAT), self.timeout)
         for job in sorted(parse_squeue(jobs, named), key=_age):
             if not self._pattern.fullmatch(job.labels["slurm_job_name"]):
                 continue

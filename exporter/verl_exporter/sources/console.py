@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import re
 
+from verl_exporter.sources.jsonl import cap_keys
 from verl_exporter.store.records import DropCounter, ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
 # wandb's files/output.log keeps at most this many characters of a line: the rest is lost, and the
-# last pair of a step line that long may be cut in its key or its value, so it is not read.
+# last pair of a step line that long may be cut in its key or its value. It is left out where it
+# shows the cut (no key, no number, a numpy wrapper left open); one that reads whole is read, as a
+# line of that length that nothing cut ends in a whole pair. A cut that leaves a number (0.12 of
+# 0.1234) cannot be told from one: it is read.
 WANDB_LINE_CHARS = 4096
 
 _SEPARATOR = " - "
@@ -33,7 +37,9 @@ def parse_console_line(line: str, *, lazy: bool = False,
 
     Raises ParseError for a line that starts with ``step:`` but whose step is not an integer (or
     beyond 2^53) or that has no readable ``key:value`` pair. A line of exactly ``WANDB_LINE_CHARS``
-    is taken for one that wandb cut: its last pair is left out. A step line that ends in a bare
+    may be one that wandb cut: its last pair is left out, uncounted, where it shows the cut
+    (``_shows_cut``). A line of more than ``MAX_KEYS_PER_LINE`` keys keeps its first ones and the
+    catalog's (``cap_keys``). A step line that ends in a bare
     separator (`` -``: a carriage return or a cut came right after it) keeps every pair before it.
     A single unreadable pair is skipped; one with a key but no number is counted by
     ``dropped("not_a_number")``. With ``lazy``, a line whose values are all plain decimal numbers
@@ -58,14 +64,14 @@ def parse_console_line(line: str, *, lazy: bool = False,
     check_step(step)
     if cut_by_wandb:
         last = text.rfind(_SEPARATOR)
-        if last > cut:
+        if last > cut and _shows_cut(text[last + len(_SEPARATOR):]):
             text = text[:last]
     skipped: list[str] = []
     values = (lazy and _plain_pairs(text)) or (_pairs(text, skip=1, skipped=skipped) if cut >= 0 else {})
     if not values:
         raise ParseError(f"step {step} has no readable key:value pair")  # one error, no dropped values
     _count(skipped, dropped)
-    return step, values
+    return step, cap_keys(values, dropped)
 
 
 def carriage_segments(line: str) -> list[str]:
@@ -74,8 +80,9 @@ def carriage_segments(line: str) -> list[str]:
 
     Each segment is read as a line of its own: one without a Ray prefix gets the line's (it is that
     actor's output); blank ones are left out; a line ending ``\\r`` or ``\\r\\n`` is one segment.
-    When wandb cut the line (``WANDB_LINE_CHARS``), the last pair of its last segment, if that is a
-    step line with more than one pair, is left out here (the segment alone is shorter than the cut).
+    When wandb may have cut the line (``WANDB_LINE_CHARS``), the last pair of its last segment, if
+    that is a step line with more than one pair and the pair shows the cut, is left out here (the
+    segment alone is shorter than the cut).
     """
     body = line.rstrip("\r\n")
     if "\r" not in body:
@@ -97,12 +104,29 @@ def carriage_segments(line: str) -> list[str]:
 
 
 def _without_cut_pair(segment: str) -> str:
-    """A step segment that wandb cut, without its last pair (which may be cut in its key or value)."""
+    """A step segment that wandb may have cut, without its last pair where that shows the cut."""
     text = _content(segment).rstrip()
     if not text.lstrip().startswith("step:") or text.endswith(" -"):
         return segment
     first, last = segment.find(_SEPARATOR), segment.rfind(_SEPARATOR)
-    return segment[:last] if last > first >= 0 else segment
+    cut = last > first >= 0 and _shows_cut(_content(segment[last + len(_SEPARATOR):]))
+    return segment[:last] if cut else segment
+
+
+def _shows_cut(pair: str) -> bool:
+    """Whether the last pair of a line cut at WANDB_LINE_CHARS shows the cut: no key, no colon, or a
+    value that reads as no number (empty, ``np.flo``, ``np.float64(0.2``, ``1.5e``)."""
+    key, colon, raw = pair.rpartition(":")
+    raw = raw.strip()
+    if not colon or not key.strip() or not raw:
+        return True
+    if raw.startswith(("np.", "numpy.")):
+        return not raw.endswith(")") or _special_value(raw) is None
+    try:
+        float(raw)
+    except ValueError:
+        return _special_value(raw) is None
+    return False
 
 
 def _last_step(segments: list[str], lazy: bool,
@@ -139,7 +163,7 @@ def parse_console_continuation(line: str, dropped: DropCounter | None = None) ->
     skipped: list[str] = []
     values = _pairs(text[2:], skipped=skipped)
     _count(skipped if values else [], dropped)
-    return values or None
+    return cap_keys(values, dropped) or None
 
 
 def is_finished_line(line: str) -> bool:

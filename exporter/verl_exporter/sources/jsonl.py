@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import islice
 from typing import Any
 
 import orjson
 
+from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import DropCounter, ParseError, check_step, clean_text, to_float
 
 _decode = json.JSONDecoder().decode
@@ -23,6 +25,10 @@ _FLOAT_OR_INT = {float, int}
 # Why a value is left out, by its JSON type: the ``dropped`` reasons of parse_jsonl_line (served as
 # verl_exporter_values_dropped_total's ``reason``).
 DROP_REASONS: dict[type, str] = {str: "not_a_number", dict: "object", list: "list"}  # null is NaN (orjson)
+# Keys read of one line (console or JSON), besides the keys the catalog lists: the store keeps far
+# fewer (its series cap), and a line of 70,000 keys must not cost 70,000 of everything after it.
+MAX_KEYS_PER_LINE = 10_000
+TOO_MANY_KEYS = "too_many_keys"  # the ``dropped`` reason of the keys past MAX_KEYS_PER_LINE
 
 
 def _loads(line: str) -> Any:
@@ -106,8 +112,23 @@ def _parse(line: str, dropped: DropCounter | None, shape: str | None) -> tuple[i
     return step, _values(line, data, dropped), shape
 
 
+def cap_keys(values: dict, dropped: DropCounter | None) -> dict:
+    """``values`` with their first MAX_KEYS_PER_LINE keys and every key the catalog lists after
+    them; each other key is counted by ``dropped(TOO_MANY_KEYS)``."""
+    if len(values) <= MAX_KEYS_PER_LINE:
+        return values
+    listed = default_catalog().listed_keys()
+    kept = dict(islice(values.items(), MAX_KEYS_PER_LINE))
+    kept.update((key, value) for key, value in islice(values.items(), MAX_KEYS_PER_LINE, None) if key in listed)
+    if dropped is not None:
+        for _ in range(len(values) - len(kept)):
+            dropped(TOO_MANY_KEYS)
+    return kept
+
+
 def _values(line: str, data: dict, dropped: DropCounter | None) -> dict[str, float]:
     """The numbers of a record's values, by key; what is no number is counted by ``dropped``."""
+    data = cap_keys(data, dropped)
     if "\\u" in line:  # only an escape makes a lone surrogate (orjson refuses them, json not): U+FFFD
         data = {clean_text(key): value for key, value in data.items()}
     kinds = set(map(type, data.values()))

@@ -83,6 +83,7 @@ class FileHandle:
     discarding: bool = False  # inside an oversize line: drop bytes up to the next newline
     retired: list[FileHandle] = field(default_factory=list)  # rotated-away files still to finish
     pool: OpenFiles | None = None
+    uid: int | None = None  # the file's owner, as it was opened
 
 
 def close_handle(handle: FileHandle) -> None:

@@ -14,6 +14,9 @@ stdout                                      stderr
 ``stdout.log``, ``stdout``                  ``stderr.log``, ``stderr``
 ==========================================  ================
 
+Two files are one job's only where one user owns both: a file another user put beside a job's
+log is a job of its own, and can never feed, finish or rename its run.
+
 The files of one job feed one run: the run named in either (verl's config print, usually in
 stdout), else the path's (``<folder>/<X>``; ``<folder>/stdout`` for ``stdout.log``). A file of no
 stream (``X.jsonl``) is a job of its own. Any other file that names the run is another job's and
@@ -47,9 +50,9 @@ def job_stem(name: str) -> str | None:
     return stem if stem != name else None
 
 
-def job_of(path: str) -> str:
-    """The job ``path`` belongs to: its folder and its name's job stem (the path itself for a file
-    that is no stream of a job's output)."""
+def job_of(path: str, uid: int | None = None) -> str:
+    """The job ``path`` belongs to: its folder, its name's job stem (the path itself for a file that
+    is no stream of a job's output) and its owner ``uid``: files of two users are never one job's."""
     folder, name = os.path.split(os.path.abspath(path))
     stem = job_stem(name)
-    return os.path.join(folder, name if stem is None else stem + "\0")
+    return os.path.join(folder, name if stem is None else stem + "\0") + f"\0{'' if uid is None else uid}"

@@ -39,6 +39,7 @@ from verl_exporter.sources.run_config import (
 )
 from verl_exporter.sources.store_interface import Store
 from verl_exporter.sources.tail import FileFollower
+from verl_exporter.store.owners import NO_TEAMS, Owners, file_owner, user_name
 from verl_exporter.store.records import ParseError, Record, RunKey, clean_text, display_path
 
 log = logging.getLogger("verl_exporter.sources")
@@ -61,6 +62,7 @@ class FileState:
     raw: str = ""  # the path as the system gives it (the follower's)
     config_version: tuple | None = None  # of a config file (fmt "config"): the version last read
     job: str = ""  # the job whose output the file is (pairing.job_of)
+    uid: int | None = None  # the file's owner (its run's user), as it was opened
     log_named: bool = False  # the log named the run (its config print or a line of it)
     exit: TrainerExit = field(default_factory=TrainerExit)  # the trainer's fatal end, watched for
     jsonl: JsonlReader = field(default_factory=JsonlReader)  # the shape of a JSON-lines file
@@ -85,6 +87,7 @@ class Source:
         max_line_bytes: int = 1 << 20,
         open_files: OpenFiles | None = None,
         config_reader: ConfigReader = CONFIG_READER,
+        owners: Owners = NO_TEAMS,
     ) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown log format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -94,6 +97,7 @@ class Source:
         self.project = clean_text(project) if project else project  # a flag may hold surrogates
         self.experiment = clean_text(experiment) if experiment else experiment
         self.clock = clock
+        self.owners = owners  # the team of each run's owner
         self.follower = FileFollower(pattern, max_line_bytes=max_line_bytes, open_files=open_files)
         self._files: dict[str, FileState] = {}
         self._reported: dict[str, str | None] = {}  # the follower's status as the store last heard it
@@ -161,6 +165,11 @@ class Source:
 
     def _ingest_lines(self, lines: list[tuple[str, str]], written_at: dict[str, float], now: float) -> int:
         ingested, named = 0, self.named
+        if lines:  # one file's lines: a file of another owner now at its path is a file of its own
+            first = self._files.get(lines[0][0])
+            uid = self.follower.uid_of(lines[0][0]) if first is not None else None
+            if first is not None and uid is not None and uid != first.uid:
+                del self._files[first.raw]
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
@@ -218,10 +227,13 @@ class Source:
         return parse
 
     def _new_state(self, path: str) -> FileState:
-        state = FileState(display_path(path), run_for(path, self.project, self.experiment),
-                           format_for(path, self.fmt), raw=path)
+        uid = self.follower.uid_of(path)
+        uid = file_owner(path) if uid is None else uid
+        named = run_for(path, self.project, self.experiment)
+        state = FileState(display_path(path), self.owners.run(named.project, named.experiment, user_name(uid)),
+                          format_for(path, self.fmt), raw=path, uid=uid)
         if state.fmt != "config":
-            state.job = job_of(path)
+            state.job = job_of(path, uid)
         state.dropped = lambda reason: self._count_dropped(state.path, reason)
         self._files[path] = state
         return state
@@ -334,7 +346,7 @@ class Source:
             return None  # another dict printed at the start of a line: not the config
         names = run_names(flat)
         if names is not None and state.last_step is None:  # a config printed later: the same run
-            state.run = RunKey(self.project or names[0], self.experiment or names[1])
+            state.run = self._run(state, self.project or names[0], self.experiment or names[1])
             state.log_named = True
         state.named = True
         return Record(state.run, state.last_step or 0, {}, now, source=state.path, run_config=flat)
@@ -374,7 +386,7 @@ class Source:
         if names is None and not (self.project and self.experiment):
             raise ParseError("not a verl config: no trainer.project_name and trainer.experiment_name")
         project, experiment = names or (self.project or "", self.experiment or "")  # both set when names is None
-        state.run = RunKey(self.project or project, self.experiment or experiment)
+        state.run = self._run(state, self.project or project, self.experiment or experiment)
         return Record(state.run, 0, {}, now, source=state.path, run_config=flat)
 
     def _name_run_from_config(self, state: FileState, line: str) -> None:
@@ -382,10 +394,15 @@ class Source:
         trainer.experiment_name name the run better than the log's path (flags still win)."""
         names = dict(_CONFIG_NAME.findall(line))
         state.log_named = state.log_named or bool(names)
-        state.run = RunKey(
+        state.run = self._run(
+            state,
             state.run.project if self.project else names.get("project", state.run.project),
             state.run.experiment if self.experiment else names.get("experiment", state.run.experiment),
         )
+
+    def _run(self, state: FileState, project: str, experiment: str) -> RunKey:
+        """The run of these names owned by the file's owner: a file names only its own user's runs."""
+        return self.owners.run(project, experiment, state.run.user)
 
     def _reject(self, path: str, reason: str, now: float) -> None:
         path = display_path(path)

@@ -73,6 +73,11 @@ class FileFollower:
         self.status: dict[str, str | None] = {}
         self.owner: int | None = None  # the uid every file read must belong to, where set
 
+    def uid_of(self, path: str) -> int | None:
+        """The owner of the file read at ``path`` now (as it was opened), None before it is."""
+        handle = self._handles.get(path)
+        return handle.uid if handle is not None else None
+
     def take_oversize(self) -> list[tuple[str, int]]:
         """``(path, bytes seen)`` for each line dropped for length since the last call."""
         dropped, self._oversize = self._oversize, []
@@ -276,7 +281,7 @@ class FileFollower:
         if self.owner is not None and st.st_uid != self.owner:
             os.close(fd)
             return None, f"belongs to uid {st.st_uid}, not to uid {self.owner}"
-        handle = FileHandle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files)
+        handle = FileHandle(path, fd, (st.st_dev, st.st_ino), pool=self.open_files, uid=st.st_uid)
         self.open_files.add(handle)
         return handle, None
 

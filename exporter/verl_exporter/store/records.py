@@ -21,10 +21,24 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 @dataclass(frozen=True, order=True)
 class RunKey:
-    """A training run, named as verl names it (trainer.project_name, trainer.experiment_name)."""
+    """A training run, named as verl names it (trainer.project_name, trainer.experiment_name), and
+    owned by ``user``: the owner of the file (or the user of the scheduler's job) that named it. Two
+    users' runs of the same names are two runs. ``team`` (the owner's team, ``store.owners``) is a
+    label, not part of the identity."""
 
     project: str
     experiment: str
+    user: str = ""
+    team: str = field(default="", compare=False)
+
+    @property
+    def labels(self) -> tuple[str, str, str, str]:
+        """The values of the run's labels (``schema.RUN``)."""
+        return self.project, self.experiment, self.user, self.team
+
+    def named(self) -> str:
+        """``project/experiment``, and the owner where known, for log lines."""
+        return f"{self.project}/{self.experiment}" + (f" of {self.user}" if self.user else "")
 
 
 @dataclass

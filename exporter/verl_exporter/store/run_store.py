@@ -155,10 +155,14 @@ class RunStore:
                         state.nonfinite_step[key] = record.step
 
     def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
-        """Keep this step's values for the step statistics (``step_windows``): folded in by the next
-        snapshot, or at once once PENDING_STEPS wait, so ingestion only appends."""
+        """Keep this step's values of the watched metrics for the step statistics (``step_windows``):
+        folded in by the next snapshot, or at once once PENDING_STEPS wait. Only those are kept: a
+        line may hold thousands of keys."""
+        watched = self._steps.watched(state, step, values)
+        if not watched:
+            return
         pending = state.pending_steps
-        pending.append((step, values))
+        pending.append((step, watched))
         if len(pending) >= PENDING_STEPS:
             self._steps.fold(state)
         else:

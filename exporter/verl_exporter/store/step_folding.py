@@ -1,12 +1,13 @@
 """The step statistics' input: each run's steps of the metrics the rules judge in steps, folded into
-the run's ``StepWindow`` per metric (``step_windows``). The store appends a record's values to the
-run's ``pending_steps`` as it ingests them; ``StepFolder.fold`` adds them to the windows, in bulk
-(at the next snapshot, or once ``PENDING_STEPS`` wait), so ingestion only appends.
+the run's ``StepWindow`` per metric (``step_windows``). The store appends a record's values of those
+metrics (``StepFolder.watched``: a few of a line's keys, however many it holds) to the run's
+``pending_steps`` as it ingests them; ``StepFolder.fold`` adds them to the windows, in bulk (at the
+next snapshot, or once ``PENDING_STEPS`` wait).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from typing import cast
 
@@ -42,26 +43,29 @@ class StepFolder:
         self._resolved: set[str] = set()  # the keys looked up for _watched
         self._validation_keys: set[str] = set()  # the keys a step logs only when it validated
 
+    def watched(self, state: RunState, step: int, values: Mapping) -> dict:
+        """The values of ``values`` (the run's record at ``step``, just ingested) of the metrics the
+        rules judge in steps: what ``pending_steps`` keeps. Notes a step that validated."""
+        keys, resolved = values.keys(), self._resolved
+        if not keys <= resolved:
+            latest = state.values
+            for key in keys - resolved:
+                if key in latest:  # a key refused by the series cap is not resolved, nor remembered
+                    self._resolve(key)
+        if not self._validation_keys.isdisjoint(keys):
+            validation.note(state, step)
+        return {key: values[key] for key in keys & self._watched.keys()}
+
     def fold(self, state: RunState) -> None:
         """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
 
         Records with the same watched keys (nearly all of a run's) are taken as one table: their values
         fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
         pending, state.pending_steps = state.pending_steps, []
-        watched, resolved, latest = self._watched, self._resolved, state.values
-        watched_keys, validation_keys = watched.keys(), self._validation_keys
+        watched = self._watched
         tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
         for index, (step, values) in enumerate(pending):
-            keys = values.keys()
-            if not keys <= resolved:
-                for key in keys - resolved:
-                    if key in latest:  # a key refused by the series cap is not resolved, nor remembered
-                        self._resolve(key)
-            if not validation_keys.isdisjoint(keys):
-                validation.note(state, step)
-            present = frozenset(keys & watched_keys)
-            if not present:
-                continue
+            present = frozenset(values)
             table = tables.get(present)
             if table is None:
                 order = tuple(present)

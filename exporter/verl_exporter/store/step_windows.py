@@ -25,8 +25,9 @@ metric, statistics over a fixed number of the run's own steps (in the metric's b
 ``metric`` is the served name of the metric (``verl_actor_entropy``). A statistic is served only
 once the run has logged the metric at enough steps to fill its window, so a rule needs no warm-up
 term of its own. Non-finite values are left out (``verl_training_nonfinite_values_total`` counts
-them). Cardinality: at most one series per (run, metric, statistic) of ``WATCHED`` below, which
-lists only what the shipped rules read (``tests/unit/test_step_windows.py`` keeps the two equal).
+them); values near the largest float are not: a sum of them past the float range is no infinity.
+Cardinality: at most one series per (run, metric, statistic) of ``WATCHED`` below, which lists only
+what the shipped rules read (``tests/unit/test_step_windows.py`` keeps the two equal).
 
 Below the store and the collectors; it imports only the schema (the statistics' names).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
@@ -48,6 +50,7 @@ EARLY = 10  # the run's baseline: its first EARLY steps
 LONG = 30  # slow trends (plateaus): the last LONG steps against the LONG before
 ZERO = 0.0005  # a value under this in magnitude is 0: half the resolution of verl before 0.5 (3 decimals)
 MAD_SCALE = 1.4826  # the median absolute deviation of normal noise times this is its standard deviation
+_SHIFT = 7  # sums of up to 2**_SHIFT values past the float range are taken scaled by 2**-_SHIFT (exact)
 
 # statistic -> the steps it needs (schema.STEP_STATS says what each is, in the order served).
 STATS = {
@@ -143,7 +146,7 @@ class StepWindow:
         if step == self.step:
             self.zeros += zero - (-ZERO < last[-1] < ZERO)
             self.streak = self.streak_before + 1 if zero else 0
-            self.window_sum += value - last[-1]
+            self.window_sum += value - last[-1]  # an overflow is summed again below
             last[-1] = value
             if len(last) <= EARLY and len(self.early) == len(last):
                 self.early[-1] = value
@@ -163,8 +166,15 @@ class StepWindow:
             self.high = value
         if value < self.low:
             self.low = value
-        if len(last) >= WINDOW and self.window_sum > self.best_mean * WINDOW:
-            self.best_mean = self.window_sum / WINDOW
+        total = self.window_sum
+        if total - total != 0:  # past the float range (the values are finite): summed again, not carried
+            total = self.window_sum = sum(list(last)[-WINDOW:])
+            if total - total != 0:
+                if len(last) >= WINDOW:
+                    self.best_mean = max(self.best_mean, _mean(list(last)[-WINDOW:]))
+                return
+        if len(last) >= WINDOW and total > self.best_mean * WINDOW:
+            self.best_mean = total / WINDOW
 
     def add_all(self, steps: list[int], values: list[float]) -> None:
         """``add`` of each step's value, in order. Distinct finite steps, the common case, are taken
@@ -177,11 +187,15 @@ class StepWindow:
                 self.add(step, value)
             return
         last, early = self.last, self.early
+        recent = list(last)[-(WINDOW - 1):] + values  # every 10 steps in a row that end with a new one
+        if max(map(abs, recent)) * len(recent) > sys.float_info.max:  # sums could leave the float range
+            for step, value in zip(steps, values):
+                self.add(step, value)
+            return
         if len(early) < EARLY:
             early.extend(values[:EARLY - len(early)])
         self.high = max(self.high, max(values))
         self.low = min(self.low, min(values))
-        recent = list(last)[-(WINDOW - 1):] + values  # every 10 steps in a row that end with a new one
         sums = list(accumulate(recent, initial=0.0))
         if len(recent) >= WINDOW:
             self.best_mean = max(self.best_mean, max(map(sub, sums[WINDOW:], sums[:-WINDOW])) / WINDOW)
@@ -224,26 +238,27 @@ class StepWindow:
         if name == "recent_max":
             return max(values[-RECENT:])
         if name == "window_median":
-            return statistics.median(values[-WINDOW:])
+            return _median(values[-WINDOW:])
         if name == "window_mean":
-            return math.fsum(values[-WINDOW:]) / WINDOW
+            return _mean(values[-WINDOW:])
         if name == "prior_mean":
-            return math.fsum(values[-2 * WINDOW:-WINDOW]) / WINDOW
+            return _mean(values[-2 * WINDOW:-WINDOW])
         if name == "long_mean":
-            return math.fsum(values[-LONG:]) / LONG
+            return _mean(values[-LONG:])
         if name == "long_prior_mean":
-            return math.fsum(values[-2 * LONG:-LONG]) / LONG
+            return _mean(values[-2 * LONG:-LONG])
         if name == "prior_stddev":
             return statistics.pstdev(values[-2 * WINDOW:-WINDOW])
         if name == "best_window_mean":
             return self.best_mean
         if name == "early_median":
-            return statistics.median(self.early) if len(self.early) >= EARLY else None
+            return _median(self.early) if len(self.early) >= EARLY else None
         if name == "early_mad":
             if len(self.early) < EARLY:
                 return None
-            middle = statistics.median(self.early)
-            return MAD_SCALE * statistics.median(abs(value - middle) for value in self.early)
+            middle = _median(self.early)
+            spread = MAD_SCALE * _median([abs(value - middle) for value in self.early])
+            return min(spread, sys.float_info.max)  # a spread past the float range: the largest float
         if name == "zero_streak":
             return float(self.streak)
         if name == "zero_before":
@@ -251,6 +266,26 @@ class StepWindow:
         if name == "steps_before":
             return float(self.count - self.streak)
         return self.high if name == "run_max" else self.low
+
+
+def _mean(values: list[float]) -> float:
+    """fsum's mean of finite ``values``, also where their sum is past the float range: then they
+    are summed scaled by a power of two, which is exact."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.ldexp(math.fsum(math.ldexp(value, -_SHIFT) for value in values) / len(values), _SHIFT)
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median, also of two middle values whose sum is past the float range."""
+    middle = statistics.median(values)
+    if middle - middle != 0 and len(values) % 2 == 0:
+        ordered = sorted(values)
+        low, high = ordered[len(values) // 2 - 1], ordered[len(values) // 2]
+        if math.isfinite(low) and math.isfinite(high):
+            return low / 2 + high / 2
+    return middle
 
 
 def _trailing_zeros(flags: list[bool], earlier: int) -> int:
