@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from owner import ME
 from verl_exporter.sources import Ingestor, Source
 from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import RunKey
@@ -30,7 +31,7 @@ def test_a_dense_config_file_does_not_hold_up_the_ingest_thread(tmp_path):
     started = time.monotonic()
     ingestor.poll_all()
     assert time.monotonic() - started < 1.5
-    assert store.run(RunKey("q", "other")).last_step == 1
+    assert store.run(RunKey("q", "other", ME)).last_step == 1
 
 
 def test_a_slow_config_file_is_read_on_its_own_thread(tmp_path):
@@ -51,10 +52,10 @@ def test_a_slow_config_file_is_read_on_its_own_thread(tmp_path):
     source.poll()
     other.poll()
     assert time.monotonic() - started < 1.0
-    assert store.run(RunKey("q", "other")).last_step == 1 and not source.caught_up
+    assert store.run(RunKey("q", "other", ME)).last_step == 1 and not source.caught_up
     release.set()
     source.settle()
-    assert store.run(RunKey("p", "e")).total_steps == 10
+    assert store.run(RunKey("p", "e", ME)).total_steps == 10
 
 
 def test_a_config_file_is_parsed_once_per_change(tmp_path):
@@ -79,7 +80,7 @@ def test_a_config_file_is_parsed_once_per_change(tmp_path):
             handle.flush()
     for _ in range(3):
         source.settle()
-    assert len(reads) == 2 and store.run(RunKey("p", "e")).total_steps == 10
+    assert len(reads) == 2 and store.run(RunKey("p", "e", ME)).total_steps == 10
 
 
 def test_a_config_print_with_more_items_than_any_real_one_is_refused_before_parsing(tmp_path):
@@ -127,4 +128,4 @@ def test_a_config_read_that_ends_while_settling_is_never_missed(tmp_path):
     store = RunStore(default_catalog())
     source = Source(str(config), store, config_reader=FinishesWhenAsked())
     source.settle(timeout=5)
-    assert store.run(RunKey("p", "e")).total_steps == 10
+    assert store.run(RunKey("p", "e", ME)).total_steps == 10

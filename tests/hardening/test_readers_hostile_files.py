@@ -16,12 +16,13 @@ import tracemalloc
 
 import pytest
 
+from owner import ME
 from verl_exporter.sources import Source
 from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import Record, RunKey
 from verl_exporter.store.run_store import RunStore
 
-RUN = RunKey("p", "e")
+RUN = RunKey("p", "e", ME)
 
 
 def _step(step: int, data: dict) -> str:

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exposition import scrape
+from owner import ME
 from promtool import check_metrics
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.sources import Source
@@ -61,7 +62,8 @@ class Case:
         truth = json.loads((run / "logged.json").read_text(encoding="utf-8"))
         self.run, self.fmt, self.path = run, fmt, run / FILES[fmt]
         self.release = release(run)
-        self.key = RunKey(truth["project"], truth["experiment"])
+        # The run is the file's: its owner is the user these tests run as.
+        self.key = RunKey(truth["project"], truth["experiment"], user=ME)
         steps = truth["steps"]
         if fmt == "jsonl":
             held = set(truth.get("jsonl_steps", [entry["step"] for entry in steps]))
@@ -118,7 +120,8 @@ class Case:
         return other in last
 
     def served(self, name: str, **labels) -> list[float]:
-        want = {"project": self.key.project, "experiment": self.key.experiment, **labels}
+        want = {"project": self.key.project, "experiment": self.key.experiment,
+                "user": self.key.user, "team": self.key.team, **labels}
         return [value for sample_name, sample_labels, value in self.samples
                 if sample_name == name and sample_labels == want]
 
