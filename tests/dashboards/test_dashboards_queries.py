@@ -27,6 +27,7 @@ from dashboard_models import (
 )
 
 from metrics_server import MetricsServer
+from owner import ME
 from servers import prom_query, start_exporter, start_prometheus, wait_until
 from verl_exporter import shipped
 
@@ -42,10 +43,11 @@ groups:
 """
 
 ROLLOUT_LABELS = {"project": "demo", "experiment": "healthy", "engine": "vllm"}
-# The scheduler's job of the run, as the exporter serves it for a Slurm job (labels a scheduler lacks
-# are empty, so Prometheus stores them not at all).
-JOB_INFO = ('verl_job_info{project="demo", experiment="healthy", scheduler="slurm", job_id="4242", '
-            'job_name="grpo-gsm8k", user="alice", partition="gpu", namespace="", pod=""} 1\n')
+# The scheduler's job of the run, as the exporter serves it for a Slurm job: under the run's labels, its
+# owner (the user of the simulated run's files) included; labels a scheduler or owner lacks are empty, so
+# Prometheus stores them not at all.
+JOB_INFO = ('verl_job_info{project="demo", experiment="healthy", user="%s", team="", scheduler="slurm", '
+            'job_id="4242", job_name="grpo-gsm8k", partition="gpu", namespace="", pod=""} 1\n' % ME)
 # A vLLM server's metrics (its own names), with a counter that moves between scrapes.
 VLLM_METRICS = lambda: (  # noqa: E731
     'vllm:num_requests_running{model_name="qwen"} 12\n'
@@ -178,16 +180,18 @@ def test_fleet_counts_and_table_rows(prometheus, variable_values):
               for title in ("Runs followed", "Healthy", "Warning", "Stalled")}
     # One run, with the (always firing) warning test alert.
     assert counts == {"Runs followed": 1, "Healthy": 0, "Warning": 1, "Stalled": 0}
-    # Table queries merge on (project, experiment): each must return exactly those labels, one row per run;
-    # the scheduler's job adds its job id, user and partition as cells.
+    # Table queries merge on the run's labels (project, experiment, user, team; an empty team is not stored):
+    # each must return exactly those labels, one row per run; the scheduler's job adds its job id and
+    # partition as cells, beside the run's user.
     table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
     *figures, job = table["targets"]
     for target in figures:
         result = prom_query(prometheus, substitute(target["expr"], values))
-        assert [sorted(r["metric"]) for r in result] == [["experiment", "project"]], target["expr"]
+        assert [sorted(r["metric"]) for r in result] == [["experiment", "project", "user"]], target["expr"]
+        assert [r["metric"]["user"] for r in result] == [ME], target["expr"]
     result = prom_query(prometheus, substitute(job["expr"], values))
     assert [r["metric"] for r in result] == [{"project": "demo", "experiment": "healthy", "job_id": "4242",
-                                              "user": "alice", "partition": "gpu"}]
+                                              "user": ME, "partition": "gpu"}]
     renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
     assert {renamed[label] for label in ("job_id", "user", "partition")} == {"Job", "User", "Partition"}
 
@@ -198,7 +202,8 @@ def test_fleet_table_keeps_a_run_without_a_scheduler_job(prometheus, variable_va
     table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
     expr = re.sub(r"verl_job_info(\{)?", lambda m: 'verl_job_info{job_id="none"' + (", " if m.group(1) else "}"),
                   substitute(table["targets"][-1]["expr"], values))
-    assert [r["metric"] for r in prom_query(prometheus, expr)] == [{"project": "demo", "experiment": "healthy"}]
+    assert [r["metric"] for r in prom_query(prometheus, expr)] == [{"project": "demo", "experiment": "healthy",
+                                                                     "user": ME}]
 
 
 def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from owner import ME
 from verl_exporter.collectors import run_cache
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.exposition import Exposition
@@ -47,7 +48,7 @@ def test_a_hostile_config_print_names_its_run_readably_and_blinds_no_other(tmp_p
     _, registry = _store(tmp_path)
     text = render(registry).decode("utf-8")
     assert 'verl_training_last_step{experiment="plain",project="' in text
-    assert 'verl_training_last_step{experiment="run",project="team\ufffd"} 1.0' in text
+    assert f'verl_training_last_step{{experiment="run",project="team\ufffd",team="",user="{ME}"}} 1.0' in text
     assert "verl_training_total_steps{" not in text, "a length beyond 2^53 is no length"
     assert 'verl_exporter_parse_errors_total{source="' in text
 

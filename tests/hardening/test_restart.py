@@ -7,6 +7,7 @@ from hardening_helpers import metrics_when, samples
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from owner import ME
 from servers import start_exporter
 from verl_exporter import simulate
 from verl_exporter.collectors.training import TrainingCollector
@@ -15,6 +16,7 @@ from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.run_store import RunStore
 
 STEPS = 30
+OWNED = (("team", ""), ("user", ME))  # the labels of a run of the files' owner, of no known team
 READ_TIME = "verl_training_last_step_timestamp_seconds"  # when the exporter read it: differs by design
 
 
@@ -86,9 +88,11 @@ def test_restart_mid_run_restores_the_runs_state(tmp_path):
     # And the state is the run's own, not just self-consistent: the last step's values and the
     # NaN steps of the nan scenario (from step 15 on) are all there.
     last = simulate.step_values("nan", STEPS)
-    assert served[("verl_critic_score_mean", (("experiment", "nan-ppo"), ("project", "gsm8k")))] == \
+    assert served[("verl_critic_score_mean", (("experiment", "nan-ppo"), ("project", "gsm8k"), *OWNED))] == \
         last["critic/score/mean"]
     nan_steps = STEPS - 15 + 1
     assert served[("verl_training_nonfinite_values_total",
-                   (("experiment", "nan-ppo"), ("key", "actor/pg_loss"), ("project", "gsm8k")))] == nan_steps
-    assert served[("verl_training_steps_ingested_total", (("experiment", "grpo"), ("project", "math")))] == STEPS
+                   (("experiment", "nan-ppo"), ("key", "actor/pg_loss"), ("project", "gsm8k"),
+                    *OWNED))] == nan_steps
+    assert served[("verl_training_steps_ingested_total",
+                   (("experiment", "grpo"), ("project", "math"), *OWNED))] == STEPS

@@ -16,6 +16,7 @@ import bcrypt
 import pytest
 
 from certs import write_web_config
+from owner import ME
 from servers import REPO, http_get, require_binary
 from verl_exporter.config.options import OptionsError, load_options
 from verl_exporter.exposition import Exposition
@@ -297,7 +298,7 @@ def test_a_head_past_16_kib_sent_in_one_write_is_refused(size):
 # --- the evidence without auth: this host's clients only ------------------------------------------
 
 def _evidence_server(**kwargs):
-    http, _ = server_module.serve(("0.0.0.0", 0), Exposition([]), evidence=lambda p, e: "evidence: secret\n",
+    http, _ = server_module.serve(("0.0.0.0", 0), Exposition([]), evidence=lambda run: "evidence: secret\n",
                                   **kwargs)
     return http, http.server_address[1]
 
@@ -321,7 +322,7 @@ def test_the_evidence_without_auth_is_served_to_loopback_only():
         pytest.skip("this host has no address but loopback to come from")
     http, port = _evidence_server()
     try:
-        query = "/debug/evidence?project=p&experiment=e"
+        query = f"/debug/evidence?project=p&experiment=e&user={ME}"
         assert http_get(f"http://127.0.0.1:{port}{query}")[0] == 200
         status, body = http_get(f"http://{outside}:{port}{query}")
         assert status == 403 and "basic_auth_users" in body and "secret" not in body
@@ -331,7 +332,7 @@ def test_the_evidence_without_auth_is_served_to_loopback_only():
         http.server_close()
     http, port = _evidence_server(evidence_remote=True)
     try:
-        assert http_get(f"http://{outside}:{port}/debug/evidence?project=p&experiment=e")[0] == 200
+        assert http_get(f"http://{outside}:{port}/debug/evidence?project=p&experiment=e&user={ME}")[0] == 200
     finally:
         http.shutdown()
         http.server_close()

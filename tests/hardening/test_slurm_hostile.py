@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from owner import ME
 from unit import test_slurm_watcher
 from unit.test_slurm_watcher import (
     fake_process,
@@ -22,12 +23,13 @@ from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.schedulers.slurm_jobs import SlurmJob, gpu_list, show_job
 from verl_exporter.schedulers.slurm_procs import read_environ, scan_proc
 from verl_exporter.store.catalog import default_catalog
+from verl_exporter.store.owners import user_name
 from verl_exporter.store.records import RunKey
 from verl_exporter.store.run_store import RunStore
 
 node = test_slurm_watcher.node  # the fake node: /proc tree, scontrol answers, a watcher
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making processes of another user takes root")
-RUN = RunKey("gsm8k", "grpo-7b")
+RUN = RunKey("gsm8k", "grpo-7b", ME)  # a job of this process's user (the fake node's default)
 
 
 def gone(cluster, pid: int) -> None:
@@ -121,7 +123,8 @@ def test_a_job_first_seen_with_only_slurmstepd_is_followed_once_its_tasks_come(n
     cluster.start("42", user=f"alice({alice})")
     run_as(cluster, (1000,), alice)
     poll(watcher)
-    assert store.run(RUN).last_step == 2 and [s.labels["job_id"] for s in families(watcher)["verl_job_info"]] == ["42"]
+    run = RunKey("gsm8k", "grpo-7b", user_name(alice))  # the job's user owns its runs
+    assert store.run(run).last_step == 2 and [s.labels["job_id"] for s in families(watcher)["verl_job_info"]] == ["42"]
 
 
 @as_root

@@ -14,6 +14,7 @@ import bcrypt
 import pytest
 
 from exposition import sample_value
+from owner import ME
 from servers import http_get, start_exporter, wait_until
 from verl_exporter.forensics.stacks import find_py_spy
 
@@ -92,7 +93,7 @@ def test_a_hung_job_its_stack_names_where_it_hangs(tmp_path, py_spy):
                             "--job.pid", str(job.pid), "--gpu.fake", "healthy:2", "--source.poll-interval", "0.1",
                             "--forensics.stall-after", "1s", "--forensics.check-interval", "200ms",
                             "--forensics.dir", str(evidence_dir)) as exporter:
-            path = "/debug/evidence?project=gsm8k&experiment=hung"
+            path = f"/debug/evidence?project=gsm8k&experiment=hung&user={ME}"
             text = wait_until(lambda: (r := exporter.get(path))[0] == 200 and r[1], message="evidence")
             assert "why: no step for 1h" in text and "since step 3" in text
             assert "last phase: progress (in " in text and "3/100" in text
@@ -103,14 +104,15 @@ def test_a_hung_job_its_stack_names_where_it_hangs(tmp_path, py_spy):
             assert written.read_text() == text
             metrics = exporter.get("/metrics")[1]  # what the alerts quote of it
             assert 'verl_evidence_top_frame_info{experiment="hung",frame="wait_for_allreduce (hung.py:' in metrics
-            assert 'verl_evidence_captured_timestamp_seconds{experiment="hung",project="gsm8k"}' in metrics
+            assert ('verl_evidence_captured_timestamp_seconds{experiment="hung",project="gsm8k",team="",'
+                    f'user="{ME}"}}') in metrics
             time.sleep(1.0)
             assert len(evidence_files(evidence_dir)) == 1  # once per stall
             with log.open("a") as handle:  # a step ends the stall; the next is captured again
                 handle.write("(TaskRunner pid=4242) step:4 - actor/pg_loss:0.1 - timing_s/step:0.1\n")
             wait_until(lambda: len(evidence_files(evidence_dir)) == 2, message="the second stall's evidence")
             assert "since step 4" in exporter.get(path)[1]
-            assert exporter.get("/debug/evidence?project=gsm8k&experiment=other")[0] == 404
+            assert exporter.get(f"/debug/evidence?project=gsm8k&experiment=other&user={ME}")[0] == 404
             assert exporter.get("/debug/evidence?project=gsm8k")[0] == 400
     finally:
         job.kill()
@@ -131,13 +133,13 @@ def test_a_job_that_runs_out_of_memory_and_exits(tmp_path):
                             "--job.pid", str(job.pid), "--no-collector.gpu", "--source.poll-interval", "0.1",
                             "--forensics.check-interval", "200ms", "--web.config.file", str(web_config),
                             headers=auth) as exporter:
-            run = {"project": "gsm8k", "experiment": "oom"}
+            run = {"project": "gsm8k", "experiment": "oom", "user": ME}
             wait_until(lambda: (t := exporter.get("/metrics")[1]) and sample_value(t, "verl_job_running") == 1
                        and sample_value(t, "verl_training_last_step", **run) == 2, message="steps 1 and 2")
             time.sleep(0.5)  # a few checks see the job running
             go.touch()
             assert job.wait(10) == 1
-            path = "/debug/evidence?project=gsm8k&experiment=oom"
+            path = f"/debug/evidence?project=gsm8k&experiment=oom&user={ME}"
             text = wait_until(lambda: (r := exporter.get(path))[0] == 200 and r[1], message="evidence")
             assert "why: the job's processes exited after step 2, before the run finished" in text
             assert "== errors the log shows: cuda_oom 1, traceback 1 ==" in text

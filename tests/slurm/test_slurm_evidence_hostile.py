@@ -54,7 +54,7 @@ def test_a_stalled_job_of_nobody_gets_no_secret_file_and_no_other_jobs_stacks(sl
     try:
         wait_until(lambda: running(slurm) >= {hostile, root}, timeout=30, message="both jobs running")
         with Server("verl-exporter", args, port, tmp_path / "exporter.log", "/-/ready", env=slurm.env) as exporter:
-            query = "/debug/evidence?project=slurm-it&experiment=nobody-run"
+            query = "/debug/evidence?project=slurm-it&experiment=nobody-run&user=nobody"  # the job's user owns its run
             text = wait_until(lambda: (lambda reply: reply[1] if reply[0] == 200 else None)(exporter.get(query)),
                               timeout=60, message=f"the stalled run's evidence\n{exporter.log()}")
     finally:

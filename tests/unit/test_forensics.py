@@ -360,7 +360,7 @@ def test_a_capture_holds_why_the_phase_errors_gpus_stacks_and_the_tail(tmp_path)
     forensics, clock, oom = stalled_forensics(tmp_path)
     [stall] = forensics.check()
     text = forensics.evidence(RUN)
-    assert text.startswith('verl-exporter evidence\nrun: project="gsm8k" experiment="ppo-qwen"\n')
+    assert text.startswith(f'verl-exporter evidence\nrun: project="gsm8k" experiment="ppo-qwen" user="{ME}"\n')
     assert f"why: {stall.why}\n" in text and "last step: 79 at" in text
     assert "last phase: step (in " in text and "step:79 - timing_s/step:10.0" in text
     assert "== errors the log shows: cuda_oom 1 ==\n" + oom + "\n" in text
@@ -429,14 +429,15 @@ def test_retention_keeps_the_newest_files_and_leaves_others_alone(tmp_path):
     archive = EvidenceArchive(str(directory), retention=3)
     (directory / "notes.txt").write_text("mine")
     for index in range(5):
-        archive.put(RunKey("p", f"e{index}", ME), f'verl-exporter evidence\nrun: project="p" experiment="e{index}"\n',
-                    1_000_000.0 + index)
+        archive.put(RunKey("p", f"e{index}", ME),
+                    f'verl-exporter evidence\nrun: project="p" experiment="e{index}" user="{ME}"\n', 1_000_000.0 + index)
     files = archive.files()
     assert len(files) == 3 and [f.name.split("-")[3] for f in files] == ["e2", "e3", "e4"]
     assert (directory / "notes.txt").read_text() == "mine"
     restarted = EvidenceArchive(str(directory), retention=3)  # memory is gone: served from the files
-    assert restarted.get(RunKey("p", "e4", ME)).endswith('experiment="e4"\n')
+    assert restarted.get(RunKey("p", "e4", ME)).endswith(f'experiment="e4" user="{ME}"\n')
     assert restarted.get(RunKey("p", "e0", ME)) is None
+    assert restarted.get(RunKey("p", "e4", "another-user")) is None  # another user's run of the same names
 
 
 def test_memory_keeps_the_latest_capture_of_a_bounded_number_of_runs():

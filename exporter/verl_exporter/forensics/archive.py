@@ -40,6 +40,8 @@ FUTURE_SLACK_SECONDS = 86400.0  # a name's time past now by more than this is no
 
 def run_hash(run: RunKey) -> str:
     names = f"{run.project}\0{run.experiment}".encode("utf-8", "surrogatepass")
+    if run.user:  # two users' runs of the same names are two runs, with files of their own
+        names += f"\0{run.user}".encode("utf-8", "surrogatepass")
     return hashlib.sha256(names).hexdigest()[:12]
 
 

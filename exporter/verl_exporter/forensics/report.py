@@ -24,8 +24,9 @@ TITLE = "verl-exporter evidence"
 
 
 def run_line(run: RunKey) -> str:
-    """The line that names the run, its names quoted as JSON strings (any text is safe there)."""
-    return f"run: project={json.dumps(run.project)} experiment={json.dumps(run.experiment)}"
+    """The line that names the run and its owner, quoted as JSON strings (any text is safe there)."""
+    owner = f" user={json.dumps(run.user)}" if run.user else ""
+    return f"run: project={json.dumps(run.project)} experiment={json.dumps(run.experiment)}{owner}"
 
 
 def render(stall: Stall, state: RunState | None, *, now: float, stacks: str, gpus: str, tails: list[Tail],
