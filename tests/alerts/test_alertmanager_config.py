@@ -185,7 +185,8 @@ def test_local_config_keeps_the_routing_and_replaces_only_addresses_and_secrets(
     config = local.alertmanager_config("http://127.0.0.1:1234", tmp_path)
     shipped = yaml.safe_load(CONFIG.read_text())
     assert config["inhibit_rules"] == shipped["inhibit_rules"]
-    assert [r.get("matchers") for r in config["route"]["routes"]] == [r.get("matchers") for r in shipped["route"]["routes"]]
+    routes = [route.get("matchers") for route in shipped["route"]["routes"]]
+    assert [route.get("matchers") for route in config["route"]["routes"]] == routes
     assert (tmp_path / "pagerduty-routing-key").read_text().strip() == local.DUMMY_ROUTING_KEY
     assert (tmp_path / "slack-low-priority-webhook-url").read_text().strip() == "http://127.0.0.1:1234/slack/low-priority"
     path = tmp_path / "am.yml"

@@ -430,7 +430,8 @@ def test_retention_keeps_the_newest_files_and_leaves_others_alone(tmp_path):
     (directory / "notes.txt").write_text("mine")
     for index in range(5):
         archive.put(RunKey("p", f"e{index}", ME),
-                    f'verl-exporter evidence\nrun: project="p" experiment="e{index}" user="{ME}"\n', 1_000_000.0 + index)
+                    f'verl-exporter evidence\nrun: project="p" experiment="e{index}" user="{ME}"\n',
+                    1_000_000.0 + index)
     files = archive.files()
     assert len(files) == 3 and [f.name.split("-")[3] for f in files] == ["e2", "e3", "e4"]
     assert (directory / "notes.txt").read_text() == "mine"
