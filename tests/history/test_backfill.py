@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as read_openmetrics
 
 from exposition import samples
+from owner import ME
 from servers import require_binary, start_exporter, wait_until
 from verl_exporter import simulate
 from verl_exporter.cli import main
@@ -128,13 +129,14 @@ def test_backfilled_series_are_the_live_exporters_and_promtool_makes_blocks(tmp_
         for sample in family.samples:
             labels = dict(sample.labels)
             assert {labels.pop(k) for k in TARGET} == {"verl", "node-1:9945"}
-            key = (sample.name, tuple(sorted(labels.items())))
+            key = (sample.name, tuple(sorted((k, v) for k, v in labels.items() if v)))  # "" is no label
             stamp = float(sample.timestamp)
             assert stamp >= last.get(key, (0, 0))[0], f"{key} out of order"
             last[key] = (stamp, sample.value)
     assert all(text.endswith(HELP_NOTE) for text in helps.values())
-    assert last[("verl_training_last_step", (("experiment", "run"), ("project", "logs")))][1] == 30
-    assert last[("verl_training_finished", (("experiment", "run"), ("project", "logs")))][1] == 1
+    run = (("experiment", "run"), ("project", "logs"), ("user", ME))
+    assert last[("verl_training_last_step", run)][1] == 30
+    assert last[("verl_training_finished", run)][1] == 1
 
     with start_exporter(tmp_path, "--source", str(log), "--no-collector.gpu", "--no-collector.host") as exporter:
         live_text = wait_until(lambda: (lambda t: "verl_training_finished{" in t and t)(exporter.get("/metrics")[1]))
@@ -153,11 +155,12 @@ def test_last_step_time_is_the_files_mtime_and_until_extends_the_scrapes(tmp_pat
     path = write(tmp_path / "p" / "e.jsonl", [jsonl(1, timing_s__step=60.0), jsonl(2, timing_s__step=60.0)], mtime=end)
     history = build([str(path)], until=end + 300)
     clock = history.series[("verl_training_last_step_timestamp_seconds", "verl_training_last_step_timestamp_seconds",
-                            (("experiment", "e"), ("project", "p")))]
+                            (("experiment", "e"), ("project", "p"), ("team", ""), ("user", ME)))]
     assert clock == [(end - 60, end - 60), (end, end)]
     grid = history.grid(15.0)
     assert grid[0] == end - 60 and grid[-1] == end + 300 and len(grid) == 25
-    assert history.step_at(RunKey("p", "e"), end - 1) == 1 and history.step_at(RunKey("p", "e"), end + 200) == 2
+    run = RunKey("p", "e", ME)
+    assert history.step_at(run, end - 1) == 1 and history.step_at(run, end + 200) == 2
 
 
 def test_without_blocks_the_promtool_line_is_printed(tmp_path):

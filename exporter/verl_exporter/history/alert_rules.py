@@ -68,7 +68,7 @@ class AlertHistory:
     @property
     def run(self) -> RunKey | None:
         if "project" in self.labels and "experiment" in self.labels:
-            return RunKey(self.labels["project"], self.labels["experiment"])
+            return RunKey(self.labels["project"], self.labels["experiment"], self.labels.get("user", ""))
         return None
 
 
