@@ -114,19 +114,16 @@ def _without_cut_pair(segment: str) -> str:
 
 
 def _shows_cut(pair: str) -> bool:
-    """Whether the last pair of a line cut at WANDB_LINE_CHARS shows the cut: no key, no colon, or a
-    value that reads as no number (empty, ``np.flo``, ``np.float64(0.2``, ``1.5e``)."""
+    """Whether the last pair of a line cut at WANDB_LINE_CHARS may have been cut: anything but a value
+    that shows its own end (``np.float64(0.25)``, numpy 2's repr). A plain number may be a longer
+    one cut short (``0.1234`` cut to ``0.12``): left out, as a wrong number would be served."""
     key, colon, raw = pair.rpartition(":")
     raw = raw.strip()
     if not colon or not key.strip() or not raw:
         return True
     if raw.startswith(("np.", "numpy.")):
         return not raw.endswith(")") or _special_value(raw) is None
-    try:
-        float(raw)
-    except ValueError:
-        return _special_value(raw) is None
-    return False
+    return True
 
 
 def _last_step(segments: list[str], lazy: bool,
