@@ -39,7 +39,8 @@ from verl_exporter.gpu.backends import make_backend
 from verl_exporter.gpu.fake import fake_backend_from_spec
 from verl_exporter.http import web_config
 from verl_exporter.http.server import ExporterHTTPServer, serve
-from verl_exporter.schedulers.kubernetes import KubernetesPod, KubernetesRuns
+from verl_exporter.schedulers import scheduler as schedulers
+from verl_exporter.schedulers.kubernetes import KubernetesPod
 from verl_exporter.schedulers.slurm import SlurmWatcher
 from verl_exporter.sources import Ingestor, Source
 from verl_exporter.sources.open_files import OpenFiles
@@ -88,11 +89,9 @@ class Exporter:
         self.simulated = patterns[len(options.source):]
         self.sources = {self.source_key(pattern, options): self.make_source(pattern, options) for pattern in patterns}
         self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
-        self.slurm: SlurmWatcher | None = self._slurm() if options.slurm else None
-        self.job: JobSelector | None = None
-        if options.job_pid is not None or options.job_match or self.slurm is not None:
-            self.job = JobSelector(pid=options.job_pid, match=options.job_match,
-                                   pids=self.slurm.pids if self.slurm is not None else None)
+        self.scheduler = self._scheduler()  # which job is the node's, its runs, processes and owners
+        self.slurm = self.scheduler.watcher
+        self.job = self.scheduler.job
         self.gpu_backend: GpuBackend | None = None
         self.collectors: dict[str, Collector] = {}
         for spec in COLLECTORS:
@@ -133,13 +132,22 @@ class Exporter:
         except TeamsError as exc:
             raise OptionsError(f"--owner.teams: {exc}") from None
 
-    def _slurm(self) -> SlurmWatcher:
-        """--slurm: the watcher of this node's Slurm jobs, which follows their output itself."""
-        if self.options.job_pid is not None or self.options.job_match:
-            raise OptionsError("--slurm finds the jobs' processes itself: drop --job.pid and --job.match")
-        return SlurmWatcher(self.store, interval=lambda: self.options.slurm_poll_interval,
-                            source_interval=self.options.source_poll_interval, open_files=self.open_files,
-                            owners=self.owners)
+    def _scheduler(self) -> schedulers.Scheduler:
+        """Chosen once: --slurm (the watcher of this node's Slurm jobs, which follows their output
+        itself), else the job of --job.pid / --job.match, in a Kubernetes pod or not."""
+        options = self.options
+        if options.slurm:
+            if options.job_pid is not None or options.job_match:
+                raise OptionsError("--slurm finds the jobs' processes itself: drop --job.pid and --job.match")
+            watcher = SlurmWatcher(self.store, interval=lambda: self.options.slurm_poll_interval,
+                                   source_interval=options.source_poll_interval, open_files=self.open_files,
+                                   owners=self.owners)
+            return schedulers.slurm(self.store, self.owners, watcher)
+        job = JobSelector(pid=options.job_pid, match=options.job_match) \
+            if options.job_pid is not None or options.job_match else None
+        return schedulers.local(self.store if options.collector_training else None, self.owners, job,
+                                lambda: (self.options.project, self.options.experiment),
+                                lambda: self.options.node_max_runs)
 
     def _training_collector(self) -> Collector:
         return TrainingCollector(self.store)
@@ -159,38 +167,30 @@ class Exporter:
         return gpu
 
     def _node_collector(self) -> Collector:
-        return NodeCollector(self.store if self.options.collector_training else None,
-                             lambda: (self.options.project, self.options.experiment),
-                             max_runs=lambda: self.options.node_max_runs,
-                             job_runs=self.slurm.node_runs if self.slurm is not None else None, owners=self.owners)
+        return NodeCollector(self.scheduler.node_runs)
 
     def _host_collector(self) -> Collector:
         # Under --slurm, verl_job_running is per run (the job info collector's), not the node's.
-        return HostCollector(job=self.job, job_running=self.slurm is None)
+        return HostCollector(job=self.job, job_running=not self.scheduler.serves_running)
 
     def _job_info_collector(self) -> Collector | None:
         """verl_job_info: the Slurm jobs of --slurm, or the Kubernetes pod the environment names."""
-        if self.slurm is not None:
-            return JobInfoCollector(self.slurm.rows, serves_running=True)
-        pod = KubernetesPod.from_env()
-        if pod is None:
+        if self.scheduler.rows is None:
             return None
-        return JobInfoCollector(KubernetesRuns(pod, self.store).rows)
+        return JobInfoCollector(self.scheduler.rows, serves_running=self.scheduler.serves_running)
 
     def _forensics(self) -> Forensics:
         """Evidence on a stall, with the job, GPU collector and node runs the scrape uses."""
         options = self.options
         gpu = self.collectors.get("gpu")
-        node = self.collectors["node"]
-        assert isinstance(node, NodeCollector)
         try:
             return Forensics(self.store, job=self.job, gpu=gpu if isinstance(gpu, GpuCollector) else None,
-                             node_runs=node.runs, ready=self.ready,
+                             node_runs=self.scheduler.node_runs, ready=self.ready,
                              stall_after=options.forensics_stall_after,
                              interval=options.forensics_check_interval,
                              directory=options.forensics_dir, retention=options.forensics_retention,
                              open_files=self.open_files,
-                             pids_of_run=self.slurm.pids_of if self.slurm is not None else None)
+                             pids_of_run=self.scheduler.pids_of)
         except OSError as exc:
             raise OptionsError(f"--forensics.dir {options.forensics_dir}: {exc.strerror or exc}") from None
 
@@ -231,8 +231,7 @@ class Exporter:
         if self.ingestor.sources:
             log.info("reading what the sources hold")
         self.ingestor.start()
-        if self.slurm is not None:
-            self.slurm.start()
+        self.scheduler.start()
         if self.gpu_backend is not None:
             self.gpu_backend.start()
         if self.forensics is not None:
@@ -304,8 +303,7 @@ class Exporter:
             self.server.shutdown()
             self.server.server_close()
         self.ingestor.stop()
-        if self.slurm is not None:
-            self.slurm.stop()
+        self.scheduler.stop()
         if self.forensics is not None:
             self.forensics.stop()
         if self.gpu_backend is not None:

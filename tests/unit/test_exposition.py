@@ -119,7 +119,7 @@ def _fleet(runs: int):
     store = RunStore(default_catalog())
     for index in range(runs):
         store.ingest(Record(RunKey(f"project{index % 7}", f"run{index}"), 3, VALUES, 100.0))
-    node = NodeCollector(store, lambda: (None, None))
+    node = NodeCollector(lambda: [])
     return store, Exposition([CollectorRunner({"training": TrainingCollector(store), "node": node})])
 
 

@@ -48,7 +48,7 @@ COLLECTORS = {
     "training": (lambda: TrainingCollector(RunStore(CATALOG)),
                  lambda: listed(schema.TRAINING_RUN, schema.TRAINING_STORE,
                                 extra={"config_info": run_settings.info_labels(CATALOG)})),
-    "node": (lambda: NodeCollector(None, lambda: (None, None)), lambda: listed(schema.NODE)),
+    "node": (lambda: NodeCollector(lambda: []), lambda: listed(schema.NODE)),
     "evidence": (lambda: EvidenceCollector(None), lambda: listed(schema.EVIDENCE)),
     "exporter": (ExporterCollector, lambda: listed(schema.EXPORTER)),
     "runner": (lambda: CollectorRunner({}), lambda: listed(schema.RUNNER)),
