@@ -26,6 +26,26 @@ class Source(Protocol):
 log = logging.getLogger("verl_exporter.sources")
 
 
+def poll_sources(sources: list[Source], failing: set[int]) -> tuple[int, bool]:
+    """Poll each of ``sources``: the records ingested and whether one is reading a backlog. One
+    source failing is logged once (its index kept in ``failing`` until it works again) and does not
+    stop the others."""
+    total, behind = 0, False
+    for index, source in enumerate(sources):
+        try:
+            total += source.poll()
+        except Exception:
+            if index not in failing:
+                failing.add(index)
+                log.exception("polling %s failed", source.pattern)
+            continue
+        if index in failing:
+            failing.discard(index)
+            log.warning("polling %s works again", source.pattern)
+        behind = behind or source.behind
+    return total, behind
+
+
 class Ingestor:
     """Polls every source in turn on a daemon thread, every ``interval`` seconds.
 
@@ -42,19 +62,7 @@ class Ingestor:
 
     def poll_all(self) -> int:
         """One synchronous round over every source; return the records ingested."""
-        total = 0
-        for index, source in enumerate(self.sources):
-            try:
-                total += source.poll()
-            except Exception:
-                if index not in self._failing:
-                    self._failing.add(index)
-                    log.exception("polling %s failed", source.pattern)
-                continue
-            if index in self._failing:
-                self._failing.discard(index)
-                log.warning("polling %s works again", source.pattern)
-        return total
+        return poll_sources(self.sources, self._failing)[0]
 
     def start(self) -> None:
         """Start the polling thread (no-op if it is running)."""

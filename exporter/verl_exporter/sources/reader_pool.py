@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .ingestor import Source
+from .ingestor import Source, poll_sources
 
 log = logging.getLogger("verl_exporter.sources")
 
@@ -203,19 +203,5 @@ class ReaderPool:
             self._pending += worker.groups  # stopped: read again once started
 
     def _poll(self, group: _Group) -> tuple[int, bool]:
-        """Poll each source of the group; the records ingested and whether one is reading a backlog.
-        One source failing is logged (once, until it works again) and does not stop the others."""
-        total, behind = 0, False
-        for index, source in enumerate(group.sources):
-            try:
-                total += source.poll()
-            except Exception:
-                if index not in group.failing:
-                    group.failing.add(index)
-                    log.exception("polling %s failed", source.pattern)
-                continue
-            if index in group.failing:
-                group.failing.discard(index)
-                log.warning("polling %s works again", source.pattern)
-            behind = behind or source.behind
-        return total, behind
+        """Poll each source of the group; the records ingested and whether one is reading a backlog."""
+        return poll_sources(group.sources, group.failing)
