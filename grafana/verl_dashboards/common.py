@@ -51,10 +51,11 @@ LINK_DASHBOARDS = DashboardLinkType("dashboards")
 TAGS = ["verl"]
 REFRESH = "30s"
 
-# Prometheus selectors of one run (run detail: single-valued variables) and of the runs picked on the
-# fleet and GPU dashboards (multi-valued variables, "All" = any value).
-RUN = 'project="$project", experiment="$experiment"'
-RUNS = 'project=~"$project", experiment=~"$experiment"'
+# Prometheus selectors of one run (run detail: single-valued variables; its owner is part of it) and of
+# the runs picked on the fleet and GPU dashboards (multi-valued variables, "All" = any value, an empty
+# owner or team included).
+RUN = 'project="$project", experiment="$experiment", user="$user"'
+RUNS = 'team=~"$team", user=~"$user", project=~"$project", experiment=~"$experiment"'
 
 # Catalog units -> Grafana unit ids.
 UNITS = {
@@ -175,14 +176,30 @@ def query_variable(name: str, label: str, expr: str, *, multi: bool, description
 
 
 def run_variables(*, multi: bool) -> list[db.QueryVariable]:
-    """``project`` and ``experiment`` (verl's trainer.project_name and trainer.experiment_name)."""
-    project_filter = 'project=~"$project"' if multi else 'project="$project"'
+    """``project`` and ``experiment`` (verl's trainer.project_name and trainer.experiment_name) and the
+    run's owner, ``user``; on the dashboards of many runs (``multi``) the owner's ``team`` first."""
+    if multi:
+        owners = [
+            query_variable("team", "Team", "label_values(verl_training_run_info, team)", multi=True,
+                           description="the team of the run's owner (--owner.teams, the Slurm account, the namespace)"),
+            query_variable("user", "Owner", 'label_values(verl_training_run_info{team=~"$team"}, user)', multi=True,
+                           description="the user who owns the run (its log's owner, or the Slurm job's user)"),
+        ]
+        return [*owners,
+                query_variable("project", "Project", 'label_values(verl_training_run_info{team=~"$team", '
+                               'user=~"$user"}, project)', multi=True, description="verl trainer.project_name"),
+                query_variable("experiment", "Experiment", 'label_values(verl_training_run_info{team=~"$team", '
+                               'user=~"$user", project=~"$project"}, experiment)', multi=True,
+                               description="verl trainer.experiment_name")]
     return [
-        query_variable("project", "Project", "label_values(verl_training_run_info, project)", multi=multi,
+        query_variable("project", "Project", "label_values(verl_training_run_info, project)", multi=False,
                        description="verl trainer.project_name"),
         query_variable("experiment", "Experiment",
-                       f"label_values(verl_training_run_info{{{project_filter}}}, experiment)", multi=multi,
+                       'label_values(verl_training_run_info{project="$project"}, experiment)', multi=False,
                        description="verl trainer.experiment_name"),
+        query_variable("user", "Owner",
+                       'label_values(verl_training_run_info{project="$project", experiment="$experiment"}, user)',
+                       multi=False, description="the user who owns the run (two users' runs of one name are two)"),
     ]
 
 

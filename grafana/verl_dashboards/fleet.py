@@ -54,7 +54,7 @@ STALLED = (f"group by ({BY_RUN}) ((time() - max by ({BY_RUN}) (verl_training_las
            f' or group by ({BY_RUN}) (ALERTS{{alertname="VerlTrainingStalled", alertstate="firing", {RUNS}}})')
 
 RUN_LINK = (f"/d/{run_detail.UID}/?${{datasource:queryparam}}&var-project=${{__data.fields.project}}"
-            "&var-experiment=${__data.fields.experiment}&${__url_time_range}")
+            "&var-experiment=${__data.fields.experiment}&var-user=${__data.fields.user}&${__url_time_range}")
 
 
 # The scheduler's job of each run (verl_job_info, from the exporter: Slurm's job id, user and partition;

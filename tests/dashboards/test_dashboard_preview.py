@@ -35,13 +35,15 @@ def test_table_rows_merge_per_run():
 class FakePrometheus:
     def get(self, path, **params):
         return {"/api/v1/label/project/values": ["gsm8k", "math"],
-                "/api/v1/label/experiment/values": ["ppo", "grpo"]}[path]
+                "/api/v1/label/experiment/values": ["ppo", "grpo"],
+                "/api/v1/label/team/values": ["research"],
+                "/api/v1/label/user/values": ["alice", "bob"]}[path]
 
 
 def test_variables_take_all_the_chosen_value_or_the_first():
     dashboard = fleet.build()
-    assert fill_variables(FakePrometheus(), dashboard) == {"datasource": "prometheus", "project": ".*",
-                                                           "experiment": ".*"}
+    assert fill_variables(FakePrometheus(), dashboard) == {"datasource": "prometheus", "team": ".*", "user": ".*",
+                                                           "project": ".*", "experiment": ".*"}
     assert fill_variables(FakePrometheus(), dashboard, {"project": "math"})["project"] == "math"
     with pytest.raises(RuntimeError, match="not one of"):
         fill_variables(FakePrometheus(), dashboard, {"project": "nope"})

@@ -46,7 +46,8 @@ ROLLOUT_LABELS = {"project": "demo", "experiment": "healthy", "engine": "vllm"}
 # The scheduler's job of the run, as the exporter serves it for a Slurm job: under the run's labels, its
 # owner (the user of the simulated run's files) included; labels a scheduler or owner lacks are empty, so
 # Prometheus stores them not at all.
-JOB_INFO = ('verl_job_info{project="demo", experiment="healthy", user="%s", team="", scheduler="slurm", '
+TEAM = "research"  # the run's owner's team (--owner.teams)
+JOB_INFO = ('verl_job_info{project="demo", experiment="healthy", user="%s", team="research", scheduler="slurm", '
             'job_id="4242", job_name="grpo-gsm8k", partition="gpu", namespace="", pod=""} 1\n' % ME)
 # A vLLM server's metrics (its own names), with a counter that moves between scrapes.
 VLLM_METRICS = lambda: (  # noqa: E731
@@ -65,8 +66,11 @@ def prometheus(tmp_path_factory):
     recording = shipped.recording_rules_file()  # the fleet table's progress and time left
     rollout = MetricsServer(VLLM_METRICS)
     scheduler = MetricsServer(JOB_INFO)
+    teams = tmp / "teams.yml"
+    teams.write_text(f"{TEAM}: [{ME}]\n")
     with rollout, scheduler, start_exporter(tmp, "--simulate", "healthy", "--simulate.interval", "0.2",
-                                            "--simulate.dir", str(tmp / "runs"), "--gpu.fake", "hot:8") as exporter:
+                                            "--simulate.dir", str(tmp / "runs"), "--gpu.fake", "hot:8",
+                                            "--owner.teams", str(teams)) as exporter:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules.name, recording.name],
@@ -180,18 +184,18 @@ def test_fleet_counts_and_table_rows(prometheus, variable_values):
               for title in ("Runs followed", "Healthy", "Warning", "Stalled")}
     # One run, with the (always firing) warning test alert.
     assert counts == {"Runs followed": 1, "Healthy": 0, "Warning": 1, "Stalled": 0}
-    # Table queries merge on the run's labels (project, experiment, user, team; an empty team is not stored):
+    # Table queries merge on the run's labels (project, experiment, user, team):
     # each must return exactly those labels, one row per run; the scheduler's job adds its job id and
     # partition as cells, beside the run's user.
     table = next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["type"] == "table")
     *figures, job = table["targets"]
     for target in figures:
         result = prom_query(prometheus, substitute(target["expr"], values))
-        assert [sorted(r["metric"]) for r in result] == [["experiment", "project", "user"]], target["expr"]
-        assert [r["metric"]["user"] for r in result] == [ME], target["expr"]
+        assert [sorted(r["metric"]) for r in result] == [["experiment", "project", "team", "user"]], target["expr"]
+        assert [(r["metric"]["user"], r["metric"]["team"]) for r in result] == [(ME, TEAM)], target["expr"]
     result = prom_query(prometheus, substitute(job["expr"], values))
     assert [r["metric"] for r in result] == [{"project": "demo", "experiment": "healthy", "job_id": "4242",
-                                              "user": ME, "partition": "gpu"}]
+                                              "user": ME, "team": TEAM, "partition": "gpu"}]
     renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
     assert {renamed[label] for label in ("job_id", "user", "partition")} == {"Job", "User", "Partition"}
 
@@ -203,7 +207,7 @@ def test_fleet_table_keeps_a_run_without_a_scheduler_job(prometheus, variable_va
     expr = re.sub(r"verl_job_info(\{)?", lambda m: 'verl_job_info{job_id="none"' + (", " if m.group(1) else "}"),
                   substitute(table["targets"][-1]["expr"], values))
     assert [r["metric"] for r in prom_query(prometheus, expr)] == [{"project": "demo", "experiment": "healthy",
-                                                                     "user": ME}]
+                                                                     "user": ME, "team": TEAM}]
 
 
 def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):

@@ -3,7 +3,8 @@ generation phase.
 
 The engines' own metrics reach Prometheus through the ``rollout`` scrape job
 (prometheus/prometheus.yml), whose file_sd targets carry the run's ``project`` and ``experiment``
-labels; the rules join them to the run on those two labels. Metric names are the engines' own:
+labels; the rules join them to the run on those two labels and take the run's owner labels (``user``,
+``team``) from the run itself. Metric names are the engines' own:
 
 | what | vLLM | SGLang |
 | --- | --- | --- |
@@ -20,19 +21,26 @@ from __future__ import annotations
 
 import re
 
-from .model import PER_STEP_INTERVAL, Alert, Group, run_query, sub
+from .model import PER_STEP_INTERVAL, Alert, Group, sub
 
 RATE = "5m"
-BY_RUN = "by (project, experiment, user, team)"
-RUNNING = "sum ${BY_RUN} (vllm:num_requests_running) or sum ${BY_RUN} (sglang:num_running_reqs)"
-WAITING = "sum ${BY_RUN} (vllm:num_requests_waiting) or sum ${BY_RUN} (sglang:num_queue_reqs)"
+# The engines' targets name their run by project and experiment (the rollout job's file_sd labels):
+# their figures are summed per run name, then given the run's owner labels from the run itself.
+BY_RUN = "by (project, experiment)"
+TO_RUN = (" * on(project, experiment) group_right()"
+          " group by (project, experiment, user, team) (verl_training_run_info)")
+ENGINE_RUNNING = "sum ${BY_RUN} (vllm:num_requests_running) or sum ${BY_RUN} (sglang:num_running_reqs)"
+ENGINE_WAITING = "sum ${BY_RUN} (vllm:num_requests_waiting) or sum ${BY_RUN} (sglang:num_queue_reqs)"
 # The fullest engine of the run; the newer vLLM name wins where an engine serves both.
-KV_CACHE = "max ${BY_RUN} (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)"
-GENERATION = ("sum ${BY_RUN} (rate(vllm:generation_tokens_total[${RATE}]))"
-              " or sum ${BY_RUN} (rate(sglang:generation_tokens_total[${RATE}]))"
-              " or sum ${BY_RUN} (sglang:gen_throughput)")
-PREEMPTIONS = ("sum ${BY_RUN} (rate(vllm:num_preemptions_total[${RATE}]))"
-               " or sum ${BY_RUN} (rate(sglang:num_retracted_requests_total[${RATE}]))")
+ENGINE_KV_CACHE = "max ${BY_RUN} (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)"
+ENGINE_GENERATION = ("sum ${BY_RUN} (rate(vllm:generation_tokens_total[${RATE}]))"
+                     " or sum ${BY_RUN} (rate(sglang:generation_tokens_total[${RATE}]))"
+                     " or sum ${BY_RUN} (sglang:gen_throughput)")
+ENGINE_PREEMPTIONS = ("sum ${BY_RUN} (rate(vllm:num_preemptions_total[${RATE}]))"
+                      " or sum ${BY_RUN} (rate(sglang:num_retracted_requests_total[${RATE}]))")
+RUNNING, WAITING, KV_CACHE, GENERATION, PREEMPTIONS = (
+    f"({expr}){TO_RUN}" for expr in (ENGINE_RUNNING, ENGINE_WAITING, ENGINE_KV_CACHE, ENGINE_GENERATION,
+                                     ENGINE_PREEMPTIONS))
 THRESHOLDS = {
     "kv_cache_saturated": 0.95,  # KV-cache usage from which new sequences wait or preempt others
     "preemptions_per_second": 0.0,  # any preemption while generation dominates the step
@@ -55,13 +63,14 @@ def recording_rules() -> list[dict]:
 
 
 def _quoted(expr: str) -> str:
-    """``expr`` for a description's ``query``, restricted to the alert's run."""
-    expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q,user=%q}", expr)
-    return run_query(expr, pairs=expr.count("%q") // 3)
+    """``expr`` (an engines' figure) for a description's ``query``, restricted to the alert's run name."""
+    expr = re.sub(r"\b((?:vllm|sglang):[a-z_]+)\b(?![{:])", r"\1{project=%q,experiment=%q}", expr)
+    return "{{ with printf `" + expr + "`" + " $labels.project $labels.experiment" * (expr.count("%q") // 2) \
+        + " | query }}"
 
 
-KV_NOW = _quoted(KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
-PREEMPTED_NOW = (_quoted(sub("(${PREEMPTIONS}) > 0", PREEMPTIONS=PREEMPTIONS))
+KV_NOW = _quoted(ENGINE_KV_CACHE) + " KV-cache usage peaks at {{ . | first | value | humanizePercentage }}.{{ end }}"
+PREEMPTED_NOW = (_quoted(sub("(${PREEMPTIONS}) > 0", PREEMPTIONS=ENGINE_PREEMPTIONS))
                  + ' The engines preempt {{ . | first | value | printf "%.3g" }}'
                  " requests/s.{{ end }}")
 
