@@ -13,6 +13,7 @@ labels are bounded: by the users of the node and the teams the operator lists.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import threading
@@ -26,38 +27,15 @@ MAX_LEARNED = 10_000  # users whose Slurm account is remembered
 
 def user_name(uid: int | None) -> str:
     """The name of ``uid`` (the passwd entry), else the uid as text; "" for None."""
-    if uid is None:
-        return ""
-    return _name_of(uid)
+    return "" if uid is None else _name_of(uid)
 
 
-_NAMES: dict[int, str] = {}
-_NAMES_LOCK = threading.Lock()
-
-
+@functools.lru_cache(maxsize=MAX_LEARNED)
 def _name_of(uid: int) -> str:
-    with _NAMES_LOCK:
-        name = _NAMES.get(uid)
-    if name is not None:
-        return name
     try:
-        name = clean_text(pwd.getpwuid(uid).pw_name)[:MAX_LABEL_CHARS]
+        return clean_text(pwd.getpwuid(uid).pw_name)[:MAX_LABEL_CHARS]
     except (KeyError, OverflowError):
-        name = str(uid)
-    with _NAMES_LOCK:
-        if len(_NAMES) < MAX_LEARNED:
-            _NAMES[uid] = name
-    return name
-
-
-def uid_of_name(name: str) -> int | None:
-    """The uid of the user ``name`` (a passwd name or a uid as text), None when unknown."""
-    if name.isdigit():
-        return int(name)
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return None
+        return str(uid)
 
 
 def file_owner(path: str) -> int | None:
