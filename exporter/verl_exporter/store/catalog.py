@@ -2,7 +2,8 @@
 
 ``catalog.yaml`` lists every metric of the guide with its name, unit conversion, meaning, healthy
 range and thresholds (entries may share a name with fixed labels: actor and critic memory, by
-``role``), plus key families (``val-core/...``) that become one labelled metric, and described
+``role``), plus key families (``val-core/...``, ``rollout/moe/max_vio/layer_<i>``) that become one
+labelled metric (a label may be bounded: ``layer`` below 256, keys past it dropped), and described
 patterns (``rollout_corr/*``) that give open-ended keys a meaning. Keys the catalog does not list
 are still exported under the naming rule of :func:`default_name`.
 """
@@ -104,6 +105,7 @@ class MetricSpec:
     known: bool = True
     label_values: tuple[str, ...] = ()  # of a metric whose labels are fixed (role="critic")
     help_keys: tuple[str, ...] = ()  # every verl key served under this name, where several entries share it
+    limits: dict = field(default_factory=dict, hash=False, compare=False)  # of a family: label -> bound of its number
 
     def full_help(self) -> str:
         """HELP text: the verl key(s), the guide's meaning, the unit and the healthy range."""
@@ -140,6 +142,7 @@ class Resolved:
 
     spec: MetricSpec
     label_values: tuple[str, ...] = ()
+    dropped: bool = False  # a family's label past its bound (``layer`` 256 on): not served, counted
 
 
 class Catalog:
@@ -180,7 +183,10 @@ class Catalog:
                 help=entry["help"],
                 unit=entry.get("unit", ""),
                 label_names=tuple(pattern.groupindex),
+                limits={label: int(bound) for label, bound in (entry.get("limits") or {}).items()},
             )
+            if not set(spec.limits) <= set(spec.label_names):
+                raise ValueError(f"catalog: limits of {spec.key!r} name a label it does not have")
             families.append((pattern, spec))
         return cls(metrics, families, data.get("system"), _settings_from_yaml(data.get("settings") or {}))
 
@@ -249,7 +255,8 @@ class Catalog:
         for pattern, family in self.families:
             match = pattern.match(key)
             if match and family.name:
-                return Resolved(family, tuple(match.group(name) for name in family.label_names))
+                values = tuple(match.group(name) for name in family.label_names)
+                return Resolved(family, values, dropped=_past_limits(family, values))
             if match:
                 return Resolved(replace(family, key=key, **self._rule_name(key)))
         return Resolved(MetricSpec(key=key, help="(not in the catalog)", known=False, **self._rule_name(key)))
@@ -269,6 +276,12 @@ class Catalog:
         if name in self._labelled:  # e.g. "val_core": not the family
             name = PREFIX + "logged_" + name[len(PREFIX):]
         return {"name": name, "scale": scale}
+
+
+def _past_limits(family: MetricSpec, values: tuple[str, ...]) -> bool:
+    """Whether a label of a family's key is past its bound (``layer`` 256 of ``rollout/moe/...``)."""
+    return any(not value.isdigit() or int(value) >= family.limits[label]
+               for label, value in zip(family.label_names, values) if label in family.limits)
 
 
 def _share_names(metrics: list[MetricSpec]) -> list[MetricSpec]:

@@ -1,7 +1,8 @@
 """Series names of a run's latest values: one series per catalog metric and label set, and two
 keys never share one. A key whose name another key took first (``a:b`` and ``a/b`` are both
 ``verl_a_b``) gets a name of its own; where a run logged two spellings of one metric, the one
-logged last is served."""
+logged last is served. A key of a family whose label is past its bound (``rollout/moe/max_vio/layer_300``)
+is not served but counted as dropped."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class SeriesNames:
         owners: dict[SeriesKey, str] = {}
         for key, value in state.values.items():
             series_key, resolved, scale = self._entries.get(key) or self._entry(key)
+            if resolved.dropped:
+                state.dropped_unremembered += 1  # a snapshot's copy: counted afresh on each
+                continue
             if key in logged_at:
                 owner = owners.get(series_key)
                 if owner is not None and logged_at[owner] > logged_at[key]:
@@ -52,7 +56,9 @@ class SeriesNames:
         resolved = self.catalog.resolve(key)
         series_key = (resolved.spec.name, resolved.label_values)
         owner = self._owners.get(series_key)
-        if owner is None and len(self._owners) < MAX_NAME_OWNERS:
+        if resolved.dropped:
+            pass  # never served: takes no name
+        elif owner is None and len(self._owners) < MAX_NAME_OWNERS:
             self._owners[series_key] = resolved.spec.key
         elif owner is not None and owner != resolved.spec.key:
             series_key, resolved = self._own_name(key, resolved)
