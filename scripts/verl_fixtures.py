@@ -3,12 +3,14 @@
 
     make fixtures                      # every release
     make fixtures RELEASES=0.9.1       # some releases (space or comma separated)
+    python3 scripts/verl_fixtures.py 0.9.1 --runs v1-sync   # some runs of them
 
 For each release this installs verl from PyPI (`pip install --no-deps --target`) into a
 throwaway folder outside the repository, next to one base virtualenv per numpy major (torch,
 ray, hydra, omegaconf, tqdm, tensordict, ... installed once), and runs
-scripts/verl_fixture_driver.py there for each run (ppo, grpo, agent). The driver runs the
-release's own trainer loop in a Ray actor; its console, exactly as Ray printed it, becomes
+scripts/verl_fixture_driver.py there for each run (ppo, grpo, agent; from 0.9 also the V1
+trainer's runs, v1-*, with scripts/verl_fixture_driver_v1.py and TransferQueue). The driver runs
+the release's own trainer loop in a Ray actor; its console, exactly as Ray printed it, becomes
 console.log. Work folder: $VERL_FIXTURES_WORK, default /tmp/verl-fixtures.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER_MODULES = ["verl_fixture_driver.py", "verl_fixture_stubs.py", "verl_fixture_workers.py",
-                  "verl_fixture_metrics.py"]
+                  "verl_fixture_metrics.py", "verl_fixture_driver_v1.py"]
 OUT = REPO / "tests" / "fixtures" / "verl"
 WORK = Path(os.environ.get("VERL_FIXTURES_WORK", "/tmp/verl-fixtures"))
 
@@ -38,6 +40,11 @@ BASE_PACKAGES = [
 NUMPY = {1: "numpy==1.26.4", 2: "numpy==2.4.6"}
 # Per release, besides verl itself: what its requirements pin differently from the base.
 EXTRA = {"0.3.0.post1": ["tensordict==0.6.2"], "0.4.1": ["tensordict==0.6.2"]}
+# The V1 trainer (0.9+) keeps its batches in TransferQueue: installed, with what it needs beyond
+# the base, into its own folder next to the release's.
+V1_PACKAGES = ["TransferQueue==0.1.11", "pyzmq==27.3.0", "msgspec==0.23.0", "psutil==7.2.2",
+               "prometheus_client==0.26.0"]
+V1_RUNS = ["v1-sync", "v1-sync-resumed", "v1-colocate_async", "v1-separate_async"]
 
 
 def numpy_major(release):
@@ -49,8 +56,10 @@ def release_tuple(release):
 
 
 def runs_for(release):
-    """ppo and grpo everywhere; agent where the release has an agent loop (0.5+)."""
-    return ["ppo", "grpo"] + (["agent"] if release_tuple(release) >= (0, 5) else [])
+    """ppo and grpo everywhere; agent where the release has an agent loop (0.5+); the V1
+    trainer's modes from 0.9."""
+    runs = ["ppo", "grpo"] + (["agent"] if release_tuple(release) >= (0, 5) else [])
+    return runs + (V1_RUNS if release_tuple(release) >= (0, 9) else [])
 
 
 def say(message):
@@ -97,14 +106,28 @@ def release_dir(python, release):
     return target
 
 
-def driver():
+def v1_dir(python, release):
+    """TransferQueue and its dependencies, for the V1 runs of one release."""
+    target = WORK / "rel" / f"{release}-tq"
+    stamp = target / ".fixtures-ready"
+    if stamp.exists():
+        return target
+    say(f"installing {' '.join(V1_PACKAGES)} from PyPI into {target}")
+    if target.exists():
+        shutil.rmtree(target)
+    pip(python, "--no-deps", "--target", str(target), *V1_PACKAGES)
+    stamp.write_text("ok\n")
+    return target
+
+
+def driver(name=DRIVER_MODULES[0]):
     """The driver and its modules, copied into the work folder: warnings verl prints name the
     caller's file, and the fixtures should not carry the checkout's path."""
     folder = WORK / "driver"
     folder.mkdir(parents=True, exist_ok=True)
-    for name in DRIVER_MODULES:
-        shutil.copyfile(REPO / "scripts" / name, folder / name)
-    return folder / DRIVER_MODULES[0]
+    for module in DRIVER_MODULES:
+        shutil.copyfile(REPO / "scripts" / module, folder / module)
+    return folder / name
 
 
 def drive(python, target, release, run):
@@ -119,12 +142,16 @@ def drive(python, target, release, run):
     scratch.mkdir(parents=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(target)
+    script = driver()
+    if run.startswith("v1-"):
+        env["PYTHONPATH"] += os.pathsep + str(v1_dir(python, release))
+        script = driver("verl_fixture_driver_v1.py")
     env.pop("VERL_FILE_LOGGER_ROOT", None)
     env["PYTHONUNBUFFERED"] = "1"
     started = time.monotonic()
     with open(out / "console.log", "wb") as console:
         proc = subprocess.run(
-            [str(python), str(driver()), "--release", release, "--run", run, "--out", str(out)],
+            [str(python), str(script), "--release", release, "--run", run, "--out", str(out)],
             stdout=console, stderr=subprocess.STDOUT, cwd=scratch, env=env, timeout=600,
         )
     took = time.monotonic() - started
@@ -139,7 +166,9 @@ def drive(python, target, release, run):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="*", help=f"default: {' '.join(RELEASES)}")
+    parser.add_argument("--runs", default="", help="only these runs (comma separated), e.g. v1-sync")
     args = parser.parse_args()
+    only = [r for r in args.runs.replace(",", " ").split() if r]
     wanted = [r for arg in args.releases for r in arg.replace(",", " ").split()] or RELEASES
     unknown = [r for r in wanted if r not in RELEASES]
     if unknown:
@@ -150,7 +179,7 @@ def main():
         try:
             python = base_env(numpy_major(release))
             target = release_dir(python, release)
-            for run in runs_for(release):
+            for run in [r for r in runs_for(release) if not only or r in only]:
                 say(f"driving verl {release}, run {run}")
                 drive(python, target, release, run)
         except (RuntimeError, subprocess.SubprocessError, OSError) as exc:

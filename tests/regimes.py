@@ -61,8 +61,25 @@ class Run:
         return replace(self, **changes)
 
 
+FATAL_BLOCK_LINES = 400  # how far back the trainer's fatal end may start (hydra's header, the traceback)
+
+
+def fatal_block(path: str, line: str) -> str:
+    """The lines of ``path`` that end in the fatal line ``line``, from hydra's ``Error executing job``
+    header or the outermost ``Traceback`` before it: a crash is told by its whole end, not one line."""
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    ends = [index for index, text in enumerate(lines) if text.rstrip() == line.rstrip()]
+    if not ends:
+        return line
+    end = ends[-1]
+    starts = [index for index in range(max(0, end - FATAL_BLOCK_LINES), end)
+              if lines[index].startswith(("Error executing job", "Traceback (most recent call last)"))]
+    return "\n".join(lines[starts[0]:end + 1]) if starts else line
+
+
 def read_run(path: str) -> Run:
-    """The steps (with the times the exporter gives them), config, saves, errors and end of ``path``."""
+    """The steps (with the times the exporter gives them), config, saves, errors and end of ``path``;
+    the trainer's fatal end with the lines it ends (``fatal_block``)."""
     run = Run()
     for step in read_file(path).steps:
         values: dict[str, float] = {}
@@ -74,7 +91,9 @@ def read_run(path: str) -> Run:
             elif record.checkpoint_step is not None:
                 saved = record.checkpoint_step
                 run.events.append((step.time, f"local_global_step_folder: /checkpoints/global_step_{saved}"))
-            elif record.error is not None or record.fatal is not None:
+            elif record.fatal is not None:
+                run.events.append((step.time, fatal_block(path, record.line)))
+            elif record.error is not None:
                 run.events.append((step.time, record.line))
             elif record.finished:
                 run.finished = True
@@ -247,7 +266,7 @@ def write_run(run: Run, path: Path, *, bars: bool = False) -> None:
         lines.append(_stamp(first) + repr(_nested({"trainer.critic_warmup": 0, **run.config})))
     if run.total_steps is not None:
         lines.append(_stamp(first) + f"Total training steps: {run.total_steps}")
-    lines += [_stamp(time) + text for time, _, text in entries]
+    lines += [text if "\n" in text else _stamp(time) + text for time, _, text in entries]  # a crash as printed
     if run.finished:
         lines.append(_stamp(entries[-1][0] if entries else first) + "Final validation metrics: {}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

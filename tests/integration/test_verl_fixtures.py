@@ -1,7 +1,8 @@
 """Every real-verl fixture (tests/fixtures/verl/<release>/<run>/), console and JSONL, read through
 the real Source, RunStore and training collector: what verl wrote is what is served.
 
-The ground truth is each run's logged.json: the dicts verl handed to Tracking.log. Expected names,
+The ground truth is each run's logged.json: the dicts verl handed to Tracking.log (for a resumed
+run, those of both attempts, the first one's listed in first_attempt). Expected names,
 labels and scales come from the catalog (what the exporter documents), not from a second copy of
 the naming rule. New fixtures are picked up by the glob.
 """
@@ -65,6 +66,9 @@ class Case:
         # The run is the file's: its owner is the user these tests run as.
         self.key = RunKey(truth["project"], truth["experiment"], user=ME)
         steps = truth["steps"]
+        if fmt == "jsonl" and "first_attempt" in truth:
+            # a resumed run: its FileLogger opened the file with "wb", so it holds the last attempt only
+            steps = steps[len(truth["first_attempt"]["steps"]):]
         if fmt == "jsonl":
             held = set(truth.get("jsonl_steps", [entry["step"] for entry in steps]))
             steps = [entry for entry in steps if entry["step"] in held]
@@ -229,3 +233,114 @@ def test_console_gives_the_runs_settings_length_and_end(run, fmt):
     missing = [key for key in SETTINGS_IN_EVERY_RELEASE if key not in settings]
     assert not missing, f"{c.path}: settings not served: {missing}"
     assert settings["actor_rollout_ref.actor.ppo_epochs"] >= 1
+
+
+# What verl 0.9's V1 trainer logs beyond the legacy trainer, per trainer mode (logged.json "trainer").
+V1_KEYS = {
+    "v1/sync": ("training/off_policy/trajectory_staleness/mean", "training/off_policy/trajectory_spans/max",
+                "training/num_turns/mean"),
+    "v1/colocate_async": ("training/off_policy/trajectory_staleness/mean", "training/filter_groups/evicted_samples"),
+    "v1/separate_async": ("training/off_policy/trajectory_staleness/mean", "separate_async/switch/threshold_ratio",
+                          "separate_async/decision/should_switch_to_rollout", "timing_s/switch_to_trainer"),
+}
+V1_CASES = [param for param in CASES if param.values[0] is not None
+            and json.loads((param.values[0] / "logged.json").read_text(encoding="utf-8")).get("trainer") in V1_KEYS]
+
+
+@pytest.mark.parametrize("run, fmt", V1_CASES or [
+    pytest.param(None, None, marks=pytest.mark.skip(reason="no V1 runs"))])
+def test_v1_trainer_runs_hold_and_serve_their_own_keys(run, fmt):
+    c = case(run, fmt)
+    trainer = json.loads((run / "logged.json").read_text(encoding="utf-8"))["trainer"]
+    latest = c.latest()
+    missing = [key for key in V1_KEYS[trainer] if key not in latest]
+    assert not missing, f"{c.path}: the V1 trainer's keys are missing: {missing}"
+    catalog = default_catalog()
+    for key in V1_KEYS[trainer]:
+        resolved = catalog.resolve(key)
+        served = c.served(resolved.spec.name, **dict(zip(resolved.spec.label_names, resolved.label_values)))
+        assert len(served) == 1 and same(served[0], latest[key], c.release, fmt, resolved.spec.scale), (key, served)
+
+
+RESUMED = [pytest.param(run, id=f"{run.parent.name}-{run.name}")
+           for run in RUNS if (run / "metrics.first.jsonl").exists()]
+
+
+def jsonl_lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def follow_rewrite(run: Path, tmp_path: Path, poll_between_lines: bool) -> Case:
+    """The first attempt's JSONL read, then truncated by the resumed attempt's FileLogger (open "wb")
+    and written again line by line: polled as it goes, after the first attempt's whole file was read;
+    or polled only once it is complete, after only the first attempt's first line was read."""
+    truth = json.loads((run / "logged.json").read_text(encoding="utf-8"))
+    key = RunKey(truth["project"], truth["experiment"], user=ME)
+    path = tmp_path / f"{truth['experiment']}.jsonl"
+    first_lines = jsonl_lines(run / "metrics.first.jsonl")
+    seen = first_lines if poll_between_lines else first_lines[:1]
+    path.write_bytes(b"".join(seen))
+    store = RunStore(default_catalog())
+    source = Source(str(path), store, fmt="jsonl", project=key.project, experiment=key.experiment)
+    while source.poll():
+        pass
+    first = truth["first_attempt"]["jsonl_steps"][:len(seen)]
+    assert [state.last_step for state in store.snapshot().runs] == [max(first)]
+    if not poll_between_lines:  # the first attempt writes on, unseen, before it fails
+        path.write_bytes(b"".join(first_lines))
+    with open(path, "wb") as handle:  # what verl 0.9's FileLogger does when the run starts again
+        if poll_between_lines:
+            source.poll()
+        for line in jsonl_lines(run / "metrics.jsonl"):
+            handle.write(line)
+            handle.flush()
+            if poll_between_lines:
+                source.poll()
+    while source.poll():
+        pass
+    source.close()
+    c = Case.__new__(Case)
+    c.run, c.fmt, c.path, c.release, c.key, c.store = run, "jsonl", path, release(run), key, store
+    c.steps = truth["steps"][len(truth["first_attempt"]["steps"]):]
+    c.raw = c._jsonl_raw()
+    c.text = scrape(training=TrainingCollector(store))
+    c.samples = [(sample.name, sample.labels, sample.value)
+                 for family in text_string_to_metric_families(c.text) for sample in family.samples]
+    c.console_text = ""
+    c.records_expected = len(first) + len(truth["jsonl_steps"])  # one per step line of either attempt
+    return c
+
+
+def check_resumed(c: Case) -> None:
+    errors = [value for name, _, value in c.samples if name == "verl_exporter_parse_errors_total"]
+    assert sum(errors) == 0, errors
+    assert [state.run for state in c.store.snapshot().runs] == [c.key]
+    assert c.served("verl_training_last_step") == [max(entry["step"] for entry in c.steps)]
+    assert [state.steps_ingested for state in c.store.snapshot().runs] == [c.records_expected]
+    catalog = default_catalog()
+    wrong = []
+    for key, value in c.latest().items():
+        spec = catalog.resolve(key).spec
+        served = c.served(spec.name, **dict(zip(spec.label_names, catalog.resolve(key).label_values)))
+        if len(served) != 1 or not same(served[0], value, c.release, "jsonl", spec.scale):
+            wrong.append(f"{key}: resumed attempt logged {value!r}, served {spec.name} {served}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("run", RESUMED or [pytest.param(None, marks=pytest.mark.skip(reason="no resumed run"))])
+def test_a_resumed_run_truncating_its_jsonl_reads_as_a_restart_polled_as_it_is_written(run, tmp_path):
+    """Polled while the resumed attempt writes (the exporter sees the file shrink): the run goes on
+    from the resumed step with the values the resumed attempt wrote, and nothing is misread."""
+    check_resumed(follow_rewrite(run, tmp_path, poll_between_lines=True))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FileFollower notices truncation only when the file is shorter than its offset: a file truncated "
+    "and rewritten past that offset between two polls is read on from the old offset, so the resumed "
+    "attempt's first line is cut (a parse error) and lost"))
+@pytest.mark.parametrize("run", RESUMED or [pytest.param(None, marks=pytest.mark.skip(reason="no resumed run"))])
+def test_a_resumed_run_truncating_its_jsonl_reads_as_a_restart_polled_once_rewritten(run, tmp_path):
+    """Polled at step 0 of the first attempt, then only once the resumed attempt has written its
+    whole file: the same file (same inode), now longer than the offset read, must be read from its
+    start, not from the old offset."""
+    check_resumed(follow_rewrite(run, tmp_path, poll_between_lines=False))
