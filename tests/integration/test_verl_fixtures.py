@@ -334,10 +334,6 @@ def test_a_resumed_run_truncating_its_jsonl_reads_as_a_restart_polled_as_it_is_w
     check_resumed(follow_rewrite(run, tmp_path, poll_between_lines=True))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FileFollower notices truncation only when the file is shorter than its offset: a file truncated "
-    "and rewritten past that offset between two polls is read on from the old offset, so the resumed "
-    "attempt's first line is cut (a parse error) and lost"))
 @pytest.mark.parametrize("run", RESUMED or [pytest.param(None, marks=pytest.mark.skip(reason="no resumed run"))])
 def test_a_resumed_run_truncating_its_jsonl_reads_as_a_restart_polled_once_rewritten(run, tmp_path):
     """Polled at step 0 of the first attempt, then only once the resumed attempt has written its

@@ -85,6 +85,23 @@ def test_truncation_restarts_from_zero(tmp_path, follower_for):
     assert _texts(follower.poll()) == ["new"]
 
 
+def test_a_file_rewritten_in_place_past_the_offset_is_read_from_zero(tmp_path, follower_for):
+    """verl 0.9's FileLogger opens its file "wb": a resumed run truncates it and, before the next poll,
+    may write more than had been read. The same file (same inode), longer than the offset, is read
+    again from its start, not from the old offset (which would cut its first line)."""
+    log = tmp_path / "run.log"
+    _append(log, '{"step": 1}\n{"step": 2}\n')
+    follower = follower_for(log)
+    inode = os.stat(log).st_ino
+    assert _texts(follower.poll()) == ['{"step": 1}', '{"step": 2}']
+    with open(log, "wb") as f:
+        f.write(b'{"step": 3, "resumed": 1}\n{"step": 4, "resumed": 1}\n')
+    assert os.stat(log).st_ino == inode
+    assert _texts(follower.poll()) == ['{"step": 3, "resumed": 1}', '{"step": 4, "resumed": 1}']
+    _append(log, '{"step": 5}\n')  # and an append is an append
+    assert _texts(follower.poll()) == ['{"step": 5}']
+
+
 def test_rotation_finishes_old_file_then_reads_new_one(tmp_path, follower_for):
     log = tmp_path / "run.log"
     _append(log, "1\n2\n")

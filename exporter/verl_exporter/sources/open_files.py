@@ -84,6 +84,7 @@ class FileHandle:
     retired: list[FileHandle] = field(default_factory=list)  # rotated-away files still to finish
     pool: OpenFiles | None = None
     uid: int | None = None  # the file's owner, as it was opened
+    head: bytes = b""  # the file's first bytes as read: a file rewritten in place starts otherwise
 
 
 def close_handle(handle: FileHandle) -> None:

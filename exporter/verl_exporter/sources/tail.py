@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 _GONE = "\0gone"  # a matched path that is no longer there: no status to report (no real reason is this)
 
+HEAD_BYTES = 64  # of a file, kept to tell a file rewritten in place (truncated, then grown past the offset)
+
 class FileFollower:
     """Complete new lines of every file matching ``pattern`` (a path or a glob), as ``tail -F`` would.
 
@@ -214,10 +216,12 @@ class FileFollower:
             if handle.retired:
                 return None
 
-        if st.st_size < handle.offset:  # truncated: start over
+        if st.st_size < handle.offset or (st.st_size > handle.offset and self._rewritten(handle)):
+            # truncated (verl 0.9's FileLogger opens its file "wb": a resumed run rewrites it in place,
+            # possibly past the old offset before the next poll): start over
             assert handle.fd is not None  # open: _open and _wake open it, add() closes only older handles
             os.lseek(handle.fd, 0, os.SEEK_SET)
-            handle.offset, handle.pending, handle.discarding = 0, b"", False
+            handle.offset, handle.pending, handle.discarding, handle.head = 0, b"", False, b""
         got = 0
         if st.st_size > handle.offset:
             got = self._read(handle, out, min(budget, st.st_size - handle.offset))
@@ -229,6 +233,13 @@ class FileFollower:
         if handle.idle_polls >= self.close_idle_after:
             close_handle(handle)
         return None
+
+    @staticmethod
+    def _rewritten(handle: FileHandle) -> bool:
+        """Whether the file no longer starts with the bytes it started with when read: it was
+        truncated and written again. Checked only when it grew."""
+        assert handle.fd is not None
+        return bool(handle.head) and os.pread(handle.fd, len(handle.head), 0) != handle.head
 
     def _wake(self, handle: FileHandle, st: os.stat_result) -> FileHandle | None:
         """A closed idle handle: still closed if nothing changed, reopened at its offset if the
@@ -293,6 +304,8 @@ class FileFollower:
             data = os.read(fd, min(self.read_chunk, limit - total))
             if not data:
                 break
+            if handle.offset == 0:
+                handle.head = data[:HEAD_BYTES]
             total += len(data)
             handle.offset += len(data)
             self._split(handle, data, out)
