@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from verl_exporter.store.catalog import default_catalog
 
-from .model import Alert, Group, held, mostly, steps_of_any, sub
+from .model import RUN_MATCH, Alert, Group, held, mostly, steps_of_any, sub
+from .settings import STALENESS_BOUND, STALENESS_KEY
 
 _CATALOG = default_catalog()
 # The thresholds are the catalog's (healthy ranges from the guides above), read once here so the
-# alerts' texts can name them; only the staleness bound has no catalog key (training/off_policy/* is
-# an open family).
+# alerts' texts can name them; the staleness bound is the run's own setting (settings.STALENESS_BOUND).
 THRESHOLDS = {
     "probs_diff_mean": _CATALOG.spec("training/rollout_probs_diff_mean").thresholds["too_high"],
     "probs_diff_max": _CATALOG.spec("training/rollout_probs_diff_max").thresholds["too_high"],
@@ -38,9 +38,9 @@ THRESHOLDS = {
     "is_mean_max": _CATALOG.spec("rollout_corr/rollout_is_mean").healthy["max"],
     "ess_min": _CATALOG.spec("rollout_corr/rollout_is_eff_sample_size").healthy["min"],
     "is_std_max": _CATALOG.spec("rollout_corr/rollout_is_std").healthy["max"],
-    "staleness_max": 8.0,        # trainer.v1.sampler.max_off_policy_threshold's default
 }
 EXTRA = {"mismatch": THRESHOLDS}
+STALE = f"{RUN_MATCH} {STALENESS_BOUND}"  # the run's own staleness bound
 CORR = "verl_(actor_)?rollout_corr_"  # ray_trainer logs rollout_corr/*, the bypass-mode actor actor/rollout_corr/*
 DOC = "verl's docs/algo/rollout_corr.md"
 DOC_LINK = "[verl's Rollout Correction guide](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md)"
@@ -164,15 +164,16 @@ MISMATCH = Group(name="verl-mismatch", file="verl-training.rules.yml",
         "and verify rollout and training are not too different."),
     Alert(
         name="VerlRolloutTrajectoriesStale", severity="warning",
-        expr=held("verl_training_off_policy_trajectory_staleness_worst_max", ">=", "${mismatch:staleness_max}"),
-        stay=mostly("verl_training_off_policy_trajectory_staleness_worst_max", ">=", "${mismatch:staleness_max}"),
+        expr=held("verl_training_off_policy_trajectory_staleness_worst_max", ">=", STALE),
+        stay=mostly("verl_training_off_policy_trajectory_staleness_worst_max", ">=", STALE),
         for_="0s",
         summary="Asynchronous training trains on very stale trajectories.",
         description="Run ${RUN}: the stalest trajectory was generated ${NUMBER} model versions before the one trained.",
         meaning="`training/off_policy/trajectory_staleness_worst/*` is the gap between the oldest model version "
-        "used by a trajectory and the version being trained. At the V1 async trainer's default "
-        "`max_off_policy_threshold` of 8 versions trajectories are dropped or waited for; staleness "
-        "this large makes the data off-policy enough to need correction.",
+        "used by a trajectory and the version being trained. At the run's own "
+        "`trainer.v1.sampler.max_off_policy_threshold` (verl's default ${setting:" + STALENESS_KEY + "} "
+        "where the run's config is unknown; no bound, and no alert, where it is null) trajectories are "
+        "dropped or waited for; staleness this large makes the data off-policy enough to need correction.",
         fix="Lower `trainer.v1.sampler.max_off_policy_threshold` or sync parameters more often "
         "(`parameter_sync_step`); enable rollout correction; give rollout more resources if the trainer "
         "outpaces it."),

@@ -21,6 +21,10 @@ CRITIC_GRAD_CLIP = "run:verl_critic_grad_clip:setting"
 # A lower bound of the policy updates per rollout: ppo_epochs x mini-batches per batch, or what of
 # it is known. Absent for a run whose config is unknown.
 POLICY_UPDATES = "run:verl_policy_updates_per_rollout:setting"
+# The V1 trainer's staleness bound (model versions): the run's own, verl's default where the run's config
+# is unknown, and none where its config sets it to null (no bound: nothing is too stale).
+STALENESS_BOUND = "run:verl_max_off_policy_threshold:setting"
+STALENESS_KEY = "trainer.v1.sampler.max_off_policy_threshold"
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -34,6 +38,14 @@ def setting_or_default(key: str) -> str:
     """The run's own value of a setting, else verl's default (``${setting:KEY}`` of the catalog)."""
     return sub("${setting} or (0 * verl_training_last_step + ${default})", setting=setting(key),
                default=sub("${setting:${key}}", key=key))
+
+
+def setting_or_default_where_unknown(key: str) -> str:
+    """The run's own value of a setting; verl's default only for a run whose config is unknown (a
+    run whose config leaves the setting out, or null, has none)."""
+    return sub("${setting} or (0 * verl_training_last_step + ${default}"
+               " unless on(job, instance, project, experiment, user, team) verl_run_config)",
+               setting=setting(key), default=sub("${setting:${key}}", key=key))
 
 
 def quote(key: str, missing: str) -> str:
@@ -55,5 +67,6 @@ def recording_groups() -> list[dict]:
             {"record": CRITIC_GRAD_CLIP, "expr": setting_or_default("critic.grad_clip")},
             {"record": POLICY_UPDATES, "expr": sub("${epochs} * ${batches} or ${epochs} or ${batches}",
                                                     epochs=epochs, batches=batches)},
+            {"record": STALENESS_BOUND, "expr": setting_or_default_where_unknown(STALENESS_KEY)},
         ],
     }]
