@@ -35,6 +35,8 @@ FLOORS = {
     "verl_critic_vf_loss": 0.05,  # healthy critics move it by 0.05-0.1 from step to step
     "verl_critic_score_mean": 0.01,
     "verl_critic_rewards_mean": 0.01,
+    "verl_rollout_spec_accept_rate": 0.02,  # acceptance moves by a point or two from batch to batch
+    "verl_rollout_moe_max_vio_max": 0.05,  # the most overloaded expert's excess load moves by a few percent
 }
 # Slow trends: the last 10 steps against the run's first 10 (entropy), or against its first 10 and the
 # 10 steps before the last 10 (lengths).
@@ -215,6 +217,22 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
            "collapse, or broken rollouts.",
            "Compare with `actor/entropy`, `response_length/mean` and the mismatch metrics; roll back to the "
            "last good checkpoint and lower `actor_rollout_ref.actor.optim.lr` if the policy collapsed."),
+    _shift("verl_rollout_spec_accept_rate", "rollout/spec_accept_rate", "VerlSpeculativeAcceptanceDropped", "drop",
+           "Speculative decoding accepts far fewer draft tokens than the run's own normal.",
+           "`rollout/spec_accept_rate` (verl 0.8 on, with a draft model or MTP heads) fell by more than half and far "
+           "outside its recent spread for 3 steps: the drafts no longer match what the policy samples (the "
+           "policy drifted from the draft model, or the draft weights were not synced), and every rejected "
+           "draft is wasted rollout time.",
+           "Check that the draft model or MTP heads are updated with the policy (weight sync); retrain or "
+           "refresh the draft, or turn speculative decoding off for this phase of training."),
+    _spike("verl_rollout_moe_max_vio_max", "rollout/moe/max_vio/max", "VerlMoeImbalanceSpike",
+           "The MoE routing imbalance",
+           "`rollout/moe/max_vio/max` (verl 0.9 on: the most overloaded expert's load over an even share, less "
+           "1, largest over layers) stayed far above its own earlier level for 3 steps: routing collapses onto "
+           "a few experts, which slows rollout (the overloaded experts' GPUs) and often precedes a policy "
+           "collapse. `verl_rollout_moe_max_vio{layer}` shows which layers.",
+           "Compare with `actor/entropy` and the score; check the router's load-balancing loss coefficient and "
+           "the learning rate; roll back to the last checkpoint if the imbalance keeps growing."),
     _shift("verl_critic_rewards_mean", "critic/rewards/mean", "VerlRewardCollapsed", "drop",
            "The mean reward collapsed below the run's own normal.",
            "`critic/rewards/mean` (the score with the KL penalty) fell far below its recent level for 3 "

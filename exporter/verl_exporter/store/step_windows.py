@@ -117,6 +117,8 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_timing_testing_seconds": frozenset({"run_max"}),
     "verl_perf_throughput": _BELOW | {"prior_mean", "best_window_mean"},
     "verl_perf_mfu_actor": _BELOW | {"prior_mean", "best_window_mean"},
+    "verl_rollout_spec_accept_rate": _BELOW | _SPREAD | {"best_window_mean"},
+    "verl_rollout_moe_max_vio_max": _ABOVE | _SPREAD,
 }
 LONGEST = max(STATS.values())
 
