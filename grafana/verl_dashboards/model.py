@@ -71,6 +71,16 @@ def substitute(expr: str, values: dict[str, str]) -> str:
 _REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]'])")
 
 
+# Variables of labels a run may lack (no teams file, an owner not known): with no value, Grafana's "All"
+# (any value, none included) or the empty value, which selects the runs without the label.
+OPTIONAL_VARIABLES = ("team", "user")
+
+
+def may_be_empty(variable: dict) -> bool:
+    """Whether the variable may find no value and the dashboard still work."""
+    return variable.get("name") in OPTIONAL_VARIABLES
+
+
 def variable_value(variable: dict, found: list[str], *, pick_all: bool) -> str:
     """The value Grafana gives a query variable whose query found ``found``: "All" where the variable
     offers it and it is picked (``pick_all``) or is the variable's default, else the first value.
@@ -79,6 +89,8 @@ def variable_value(variable: dict, found: list[str], *, pick_all: bool) -> str:
     Grafana's Prometheus data source writes a multi-value selection.
     """
     is_default = (variable.get("current") or {}).get("value") == "$__all"
+    if not found:
+        return str(variable.get("allValue") or "") if variable.get("includeAll") else ""
     if variable.get("includeAll") and (pick_all or is_default):
         if variable.get("allValue"):
             return str(variable["allValue"])

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build_all
-from .model import label_values_query, panels, substitute, variable_query, variable_value, variables
+from .model import label_values_query, may_be_empty, panels, substitute, variable_query, variable_value, variables
 
 COLOURS = {"green": "#73BF69", "orange": "#FF9830", "red": "#F2495C", "text": "#D8D9DA"}
 BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA", "#8E8E8E"
@@ -66,7 +66,7 @@ def fill_variables(prom: Prometheus, dashboard: dict, chosen: dict[str, str] | N
             continue
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = sorted(prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector}))
-        if not found:
+        if not found and not may_be_empty(variable):
             raise RuntimeError(f"variable {name} has no values: is Prometheus scraping an exporter?")
         if name in chosen:
             if chosen[name] not in found:

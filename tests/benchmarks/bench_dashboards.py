@@ -506,7 +506,14 @@ class Backend:
 def fill_variables(backend: Backend, dashboard: dict, *, pick_all: bool) -> tuple[dict, list[dict]]:
     """Each variable's value, as Grafana picks it (All where offered and asked for or the default, else the
     first value; a constant or custom variable's current value), and the time of each variable query."""
-    from verl_dashboards.model import label_values_query, substitute, variable_query, variable_value, variables
+    from verl_dashboards.model import (
+        label_values_query,
+        may_be_empty,
+        substitute,
+        variable_query,
+        variable_value,
+        variables,
+    )
 
     values: dict[str, str] = {}
     timings = []
@@ -522,7 +529,7 @@ def fill_variables(backend: Backend, dashboard: dict, *, pick_all: bool) -> tupl
         seconds, found = backend.label_values(selector, label)
         timings.append({"what": f"variable {name}", "expr": f"label_values({selector}, {label})",
                         "kind": "variable", "seconds": seconds, "series": len(found)})
-        if not found:
+        if not found and not may_be_empty(variable):
             raise BenchmarkError(f"{backend.name}: variable {name} ({selector}) has no values")
         values[name] = variable_value(variable, found, pick_all=pick_all)
     return values, timings

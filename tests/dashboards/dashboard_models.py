@@ -16,6 +16,7 @@ if str(GRAFANA) not in sys.path:
 
 from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
     label_values_query,
+    may_be_empty,
     panels,
     substitute,
     variable_query,
@@ -25,7 +26,7 @@ from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
 from verl_dashboards.model import targets as _targets  # noqa: E402
 
 __all__ = ["REPO", "DASHBOARDS_DIR", "load_dashboards", "panels", "targets", "variables", "variable_query",
-           "substitute", "label_values_query", "variable_value"]
+           "substitute", "label_values_query", "variable_value", "may_be_empty"]
 
 
 def load_dashboards() -> dict[str, dict]:

@@ -16,6 +16,7 @@ from unittest import mock
 
 import pytest
 
+from owner import ME
 from servers import prom_query, start_exporter, start_prometheus, wait_until
 from verl_exporter import shipped
 
@@ -117,7 +118,7 @@ def test_run_dashboard_lists_the_runs_nodes_and_their_gpus(cluster):
     def results(title: str, ref: int = 0) -> list:
         # $instance (hidden, every node of the run) as any node: the join to verl_node_run_info keeps the run's.
         expr = (panels[title]["targets"][ref]["expr"].replace("$project", "demo").replace("$experiment", "healthy")
-                .replace("$instance", ".*"))
+                .replace("$user", ME).replace("$instance", ".*"))
         return prom_query(prom, expr)
 
     nodes = {r["metric"]["instance"] for r in results("Nodes of this run")}

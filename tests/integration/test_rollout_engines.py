@@ -59,10 +59,13 @@ def sglang():
 
 
 def head_timings() -> str:
+    """The head exporter's series of the three runs, each owned by alice of team rl: the engines'
+    figures take those owner labels from the run's info."""
     lines = []
     for experiment in RUNS:
-        run = f'project="gsm8k",experiment="{experiment}"'
-        lines += [f"verl_timing_gen_seconds{{{run}}} 80", f"verl_timing_step_seconds{{{run}}} 100"]
+        run = f'project="gsm8k",experiment="{experiment}",user="alice",team="rl"'
+        lines += [f"verl_timing_gen_seconds{{{run}}} 80", f"verl_timing_step_seconds{{{run}}} 100",
+                  f'verl_training_run_info{{{run},source="/logs/{experiment}.log"}} 1']
     return "\n".join(lines) + "\n"
 
 
@@ -120,6 +123,9 @@ def test_rollout_figures_per_run_from_either_engine(prometheus):
     wait_until(rates_settled, timeout=60, message="tokens/s and retractions/s of the stand-in engines")
     preemptions = per_run(prometheus, "preemptions:rate5m")
     assert preemptions["vllm-full"] == 0 and preemptions["vllm-roomy"] == 0
+    owners = {(r["metric"]["user"], r["metric"]["team"])
+              for r in prom_query(prometheus, 'project_experiment:verl_rollout_requests_running:sum')}
+    assert owners == {("alice", "rl")}  # the engines' figures carry their run's owner labels
 
 
 def test_slow_generation_is_explained_by_kv_cache_or_preemptions(prometheus):
@@ -131,6 +137,7 @@ def test_slow_generation_is_explained_by_kv_cache_or_preemptions(prometheus):
                        message="VerlGenerationKvCacheBound for the two saturated runs")
     assert set(found) == {"vllm-full", "sglang-retracting"}
     assert all(labels["job"] == "verl" and labels["severity"] == "info" for labels in found.values())
+    assert all((labels["user"], labels["team"]) == ("alice", "rl") for labels in found.values())  # the run's
     status, body = prometheus.get("/api/v1/alerts")
     descriptions = {a["labels"]["experiment"]: a["annotations"]["description"]
                     for a in json.loads(body)["data"]["alerts"]
