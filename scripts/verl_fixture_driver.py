@@ -390,6 +390,13 @@ def main():
         return 1
     with open(result_path) as f:
         logged = json.load(f)
+    return write_outputs(args, config, logged)
+
+
+def write_outputs(args, config, logged: dict) -> int:
+    """Write a run's fixture files into ``args.out``: what Tracking logged (logged.json), the
+    FileLogger's JSONL as verl wrote it (metrics.jsonl) and the keys logged (keys.txt); 1 where the
+    trainer's fit() failed."""
     with open(os.path.join(args.out, "logged.json"), "w") as f:
         f.write(dump_logged(logged))
     jsonl = os.path.join("logs", str(config.trainer.project_name), f"{config.trainer.experiment_name}.jsonl")

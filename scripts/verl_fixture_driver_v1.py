@@ -28,7 +28,7 @@ import threading
 import time
 
 import verl_fixture_stubs
-from verl_fixture_driver import Recorder, config_overrides, dump_logged
+from verl_fixture_driver import Recorder, config_overrides, write_outputs
 from verl_fixture_metrics import actor_metrics
 from verl_fixture_stubs import Quiet, install_stubs
 from verl_fixture_workers import (
@@ -466,18 +466,7 @@ def main():
                                    "error": attempts[0].get("error")}
         logged["resumed_from_step"] = logged["steps"][0]["step"]
         logged["steps"] = attempts[0]["steps"] + logged["steps"]
-    with open(os.path.join(args.out, "logged.json"), "w") as f:
-        f.write(dump_logged(logged))
-    jsonl = os.path.join("logs", str(config.trainer.project_name), f"{config.trainer.experiment_name}.jsonl")
-    if os.path.exists(jsonl):
-        shutil.copyfile(jsonl, os.path.join(args.out, "metrics.jsonl"))
-    keys = sorted({k for s in logged["steps"] for k in s["data"]})
-    with open(os.path.join(args.out, "keys.txt"), "w") as f:
-        f.write("".join(k + "\n" for k in keys))
-    if logged.get("error"):
-        print(f"verl {args.release} {args.run}: fit() failed: {logged['error']}", file=sys.stderr)
-        return 1
-    return 0
+    return write_outputs(args, config, logged)
 
 
 if __name__ == "__main__":
