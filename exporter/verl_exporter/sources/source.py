@@ -165,11 +165,9 @@ class Source:
 
     def _ingest_lines(self, lines: list[tuple[str, str]], written_at: dict[str, float], now: float) -> int:
         ingested, named = 0, self.named
-        if lines:  # one file's lines: a file of another owner now at its path is a file of its own
-            first = self._files.get(lines[0][0])
-            uid = self.follower.uid_of(lines[0][0]) if first is not None else None
-            if first is not None and uid is not None and uid != first.uid:
-                del self._files[first.raw]
+        first = self._files.get(lines[0][0]) if lines else None  # one file's lines
+        if first is not None and self.follower.uid_of(first.raw) not in (None, first.uid):
+            del self._files[first.raw]  # a file of another owner now at its path: a file of its own
         for path, line in lines:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
