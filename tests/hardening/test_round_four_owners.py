@@ -139,3 +139,21 @@ def test_the_peer_uid_is_the_clients_not_its_address():
         client.kill()
         client.wait()
         listener.close()
+
+
+def test_a_file_of_another_user_put_at_a_followed_path_is_a_file_of_its_own(tmp_path):
+    """In a folder both may write, nobody removes the run's log and writes one of its own at the same
+    path, naming the same run: its NaN and step 100 are nobody's run's, the owner's run keeps its own."""
+    log = tmp_path / "job.log"
+    log.write_text(CONFIG + "(TaskRunner pid=1) step:1 - actor/pg_loss:0.5\n")
+    store = RunStore(default_catalog())
+    source = Source(str(log), store)
+    source.settle()
+    log.unlink()
+    nobodys(log, CONFIG + "(TaskRunner pid=1) step:100 - actor/pg_loss:nan\n")
+    for _ in range(3):
+        source.poll()
+    alice = store.run(ALICE)
+    assert alice is not None and alice.last_step == 1 and not alice.nonfinite
+    bob = store.run(BOB)
+    assert bob is not None and bob.last_step == 100 and bob.nonfinite["actor/pg_loss"] == 1
