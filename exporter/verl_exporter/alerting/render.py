@@ -17,7 +17,7 @@ import yaml
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.catalog import Catalog, default_catalog
 
-from . import anomaly, fleet, gpus, mismatch, model, nodes, rollout, settings, system, training
+from . import anomaly, fleet, gpus, mismatch, model, nodes, replay_buffer, rollout, settings, system, training
 from .departures import DEPARTURES
 from .model import Alert, Group, fill, scale_duration, scale_expr
 
@@ -25,19 +25,20 @@ REPO = Path(__file__).resolve().parents[3]  # the checkout the generated files a
 DATA = Path("alerts")  # verl_exporter.shipped.alerts_dir(), from the checkout's root
 RULES_DIR = DATA / "rules"
 RUNBOOK_FILE = DATA / "RUNBOOK.md"
-GROUPS: tuple[Group, ...] = (training.GROUPS + mismatch.GROUPS + system.GROUPS + gpus.GROUPS + rollout.GROUPS
-                             + anomaly.GROUPS)
+GROUPS: tuple[Group, ...] = (training.GROUPS + mismatch.GROUPS + replay_buffer.GROUPS + system.GROUPS + gpus.GROUPS
+                             + rollout.GROUPS + anomaly.GROUPS)
 EXTRA_THRESHOLDS = {
     "system": default_catalog().system,
     "setting": {spec.key: spec.default for spec in default_catalog().settings if spec.default is not None},
     **anomaly.EXTRA,
     **mismatch.EXTRA,
+    **replay_buffer.EXTRA,
     **rollout.EXTRA,
     **nodes.EXTRA,
     "hysteresis": model.HYSTERESIS,
 }
 # ${NAME} in the definitions: the text constants of the definition modules.
-FRAGMENTS = model.fragments(model, settings, training, mismatch, system, gpus, nodes, rollout, anomaly)
+FRAGMENTS = model.fragments(model, settings, training, mismatch, replay_buffer, system, gpus, nodes, rollout, anomaly)
 # Base of every runbook_url: the exporter serves the packaged RUNBOOK.md at /runbook, so the link
 # resolves in `make demo` and the compose stack; where the runbook is hosted elsewhere, render with
 # --runbook-url (`make generate RUNBOOK_URL=...`, `verl-exporter rules --runbook-url`).
@@ -194,6 +195,12 @@ def runbook(catalog: Catalog | None = None) -> str:
         "`verl_run_config{key}` (the config verl prints, hydra's `config.yaml` or `--run.config`) through the",
         "`run:*:setting` recording rules of `verl-training.rules.yml`, with verl's default from the catalog's",
         "`settings` section for a run whose config is unknown.\n",
+        "Upgrading verl changes what two metrics mean without any regression, so no rule pages on it:",
+        "`perf/throughput` of the separate_async trainer counts the rollout GPUs in its denominator from verl",
+        "0.9 (PR #7049): lower for the same speed; and the V1 trainer's validation counts a failed session as",
+        "0, so `val-core/*/acc` can drop at the upgrade (`val-core/*/acc_success_only/*` keeps the old",
+        "meaning). The throughput and MFU rules start their comparison again when the job restarts (its",
+        "config printed again after its steps), and no rule judges the validation score against its past.\n",
         "Every rule was replayed over real training runs of other people (healthy and failing ones):",
         "where a rule differs from the guide's number or diagnosis, its section says so under **Differs",
         "from the guide**, with what was measured; `docs/precision.md` has the per-run figures.\n",

@@ -25,6 +25,8 @@ POLICY_UPDATES = "run:verl_policy_updates_per_rollout:setting"
 # is unknown, and none where its config sets it to null (no bound: nothing is too stale).
 STALENESS_BOUND = "run:verl_max_off_policy_threshold:setting"
 STALENESS_KEY = "trainer.v1.sampler.max_off_policy_threshold"
+# Prompt groups trained per step (``data.train_batch_size``): none for a run whose config is unknown.
+TRAIN_BATCH = "run:verl_train_batch_size:setting"
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -68,5 +70,6 @@ def recording_groups() -> list[dict]:
             {"record": POLICY_UPDATES, "expr": sub("${epochs} * ${batches} or ${epochs} or ${batches}",
                                                     epochs=epochs, batches=batches)},
             {"record": STALENESS_BOUND, "expr": setting_or_default_where_unknown(STALENESS_KEY)},
+            {"record": TRAIN_BATCH, "expr": setting("data.train_batch_size")},
         ],
     }]

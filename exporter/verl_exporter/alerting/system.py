@@ -159,7 +159,10 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         "size, the GPUs and the batch and sequence lengths (the guide's 50 tokens/s/GPU is for a 7B "
         "model), so the rule compares the run with itself, in steps: each of its last 3 steps against the "
         "mean of the 10 steps before the last 10; it stays firing while the median of the last 10 steps is "
-        "under three quarters of the run's best 10 steps in a row.",
+        "under three quarters of the run's best 10 steps in a row. A restart of the job (its config printed "
+        "again) starts the comparison again: a resumed job may run on other GPUs or another release, and "
+        "verl 0.9's separate_async trainer counts the rollout GPUs in the denominator (verl PR #7049), so a "
+        "run resumed under 0.9 logs a lower `perf/throughput` for the same speed.",
         fix="Find the slow phase in `timing_s/*` (generation, actor update) and follow its alert; check MFU and "
         "that GPUs are not throttled.",
         guide="11.2",
@@ -178,7 +181,8 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         "poor) are for dense training on NVIDIA GPUs; real healthy runs log from 7% to 79% (RL steps with short "
         "sequences, AMD GPUs whose peak verl does not know, older releases that count FLOPs differently), "
         "so the rule compares the run with itself: a drop to half means the actor update became slower "
-        "for the same work (throttled or shared GPUs, a memory-bound micro batch, offloading).",
+        "for the same work (throttled or shared GPUs, a memory-bound micro batch, offloading). As for "
+        "VerlThroughputDropped, a restart of the job starts the comparison again.",
         fix="Raise micro batch sizes, use `use_dynamic_bsz` and sequence packing (`use_remove_padding`), "
         "avoid needless gradient checkpointing or offloading.",
         guide="7.4",

@@ -83,6 +83,7 @@ class RunState:
     windows: dict[str, StepWindow] = field(default_factory=dict)  # watched metric -> its latest steps
     pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
     validations: tuple[int, ...] = ()  # the run's latest three steps that validated (validation.py)
+    sparse_steps: dict[str, int] = field(default_factory=dict)  # sparse key -> the step it was last logged at
 
     def copy(self) -> "RunState":
         return RunState(
@@ -118,6 +119,7 @@ class RunState:
             owner_job=self.owner_job,
             windows={name: window.copy() for name, window in self.windows.items()},
             validations=self.validations,
+            sparse_steps=dict(self.sparse_steps),
         )
 
     def drop_key(self, key: str) -> None:

@@ -34,6 +34,7 @@ from verl_exporter.store.run_state import CheckpointState, RunState, StoreSnapsh
 from verl_exporter.store.series_names import SeriesNames
 from verl_exporter.store.source_book import SourceBook
 from verl_exporter.store.step_folding import StepFolder
+from verl_exporter.store.step_windows import PER_ATTEMPT
 
 log = logging.getLogger(__name__)
 MAX_JOBS = 100_000  # jobs whose run is remembered for their other files (sources.pairing)
@@ -106,6 +107,9 @@ class RunStore:
             if record.run_config is not None or record.total_steps is not None:
                 if record.run_config is not None and source == state.owner:
                     state.config_by_owner = True  # the run's own log printed it: no config file overrides
+                if (record.run_config is not None and state.last_step_time is not None
+                        and record.time >= state.last_step_time):
+                    self._restarted(state)
                 self._describe(state, record)
                 return
             if record.source:
@@ -153,6 +157,13 @@ class RunStore:
                     if not isinstance(value, str) and value - value != 0 and key in latest:
                         state.nonfinite[key] += 1
                         state.nonfinite_step[key] = record.step
+
+    def _restarted(self, state: RunState) -> None:
+        """The run's config came again after its steps: the job started again (resumed). Baselines of
+        one attempt (``step_windows.PER_ATTEMPT``) start again from its next step."""
+        self._steps.fold(state)
+        for name in PER_ATTEMPT:
+            state.windows.pop(name, None)
 
     def _watch_steps(self, state: RunState, step: int, values: Mapping[str, float | str]) -> None:
         """Keep this step's values of the watched metrics for the step statistics (``step_windows``):

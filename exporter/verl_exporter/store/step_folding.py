@@ -7,14 +7,14 @@ next snapshot, or once ``PENDING_STEPS`` wait).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from operator import itemgetter
 from typing import cast
 
 from verl_exporter.store import validation
 from verl_exporter.store.catalog import Catalog
 from verl_exporter.store.run_state import RunState
-from verl_exporter.store.step_windows import WATCHED, StepWindow
+from verl_exporter.store.step_windows import SPARSE, WATCHED, StepWindow
 
 MAX_RESOLVED = 100_000  # verl keys remembered as watched or not
 
@@ -42,6 +42,7 @@ class StepFolder:
         self._watched: dict[str, tuple[str, float]] = {}  # watched verl key -> served name and scale
         self._resolved: set[str] = set()  # the keys looked up for _watched
         self._validation_keys: set[str] = set()  # the keys a step logs only when it validated
+        self._sparse: set[str] = set()  # watched keys verl logs only at a step where they are not 0
 
     def watched(self, state: RunState, step: int, values: Mapping) -> dict:
         """The values of ``values`` (the run's record at ``step``, just ingested) of the metrics the
@@ -54,7 +55,20 @@ class StepFolder:
                     self._resolve(key)
         if not self._validation_keys.isdisjoint(keys):
             validation.note(state, step)
-        return {key: values[key] for key in keys & self._watched.keys()}
+        found = {key: values[key] for key in keys & self._watched.keys()}
+        if self._sparse and found:
+            self._fill_sparse(state, step, keys, found)
+        return found
+
+    def _fill_sparse(self, state: RunState, step: int, keys: Set[str], found: dict) -> None:
+        """A training step's record without a sparse count the run has logged: 0 for it (served too),
+        unless an earlier record of the same step gave it."""
+        logged, latest = state.sparse_steps, state.values
+        for key in self._sparse & keys:
+            logged[key] = step
+        for key in self._sparse - keys:
+            if key in latest and logged.get(key) != step:
+                found[key] = latest[key] = 0.0
 
     def fold(self, state: RunState) -> None:
         """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
@@ -107,4 +121,6 @@ class StepFolder:
         spec = resolved.spec
         if spec.name in WATCHED and not resolved.label_values:
             self._watched[key] = (spec.name, spec.scale)
+            if spec.name in SPARSE:
+                self._sparse.add(key)
         self._resolved.add(key)

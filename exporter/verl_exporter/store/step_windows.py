@@ -112,6 +112,11 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_training_rollout_probs_diff_max": _ABOVE,
     "verl_training_rollout_actor_probs_pearson_corr": _BELOW,
     "verl_training_off_policy_trajectory_staleness_worst_max": _ABOVE,
+    "verl_training_filter_groups_evicted_samples": _ABOVE,
+    "verl_training_rollout_failure_evicted_samples": _ABOVE,
+    "verl_separate_async_switch_idle": frozenset({"window_mean", "early_median"}),
+    "verl_fully_async_trainer_idle_ratio": frozenset({"window_median", "early_median"}),
+    "verl_fully_async_rollouter_idle_ratio": frozenset({"window_median", "early_median"}),
     **{f"verl_{actor}rollout_corr_{name}": stats for actor in ("", "actor_") for name, stats in _CORR.items()},
     "verl_timing_step_seconds": _BELOW | {"prior_mean", "early_median", "run_max"},
     "verl_timing_testing_seconds": frozenset({"run_max"}),
@@ -121,6 +126,13 @@ WATCHED: dict[str, frozenset[str]] = {
     "verl_rollout_moe_max_vio_max": _ABOVE | _SPREAD,
 }
 LONGEST = max(STATS.values())
+# Counts verl logs only at a step where they are not 0 (the V1 replay buffer's evictions, summed over the
+# step's iterations): once a run has logged one, a step without it counts as 0 (``StepFolder.watched``).
+SPARSE = frozenset({"verl_training_filter_groups_evicted_samples", "verl_training_rollout_failure_evicted_samples"})
+# Baselines of one attempt of a run: a restart (the run's config printed again after its steps) starts them
+# again, as a resumed job may run on other GPUs or another release (verl 0.9's separate_async counts the
+# rollout GPUs in perf/throughput's denominator).
+PER_ATTEMPT = frozenset({"verl_perf_throughput", "verl_perf_mfu_actor"})
 
 
 @dataclass(slots=True)
