@@ -142,15 +142,15 @@ def query(expr: str, legend: str = "", *, ref_id: str | None = None, instant: bo
     return target
 
 
-def standing_out(pick: str, count: int, series: str, within: str = "") -> str:
-    """``series`` (one per ``job, instance``) of the ``count`` nodes ranked first by ``pick`` (topk or
+def standing_out(pick: str, count: int, series: str, within: str = "", on: str = "job, instance") -> str:
+    """``series`` (one per ``on``: by default a node) of the ``count`` ranked first by ``pick`` (topk or
     bottomk) on their mean over the dashboard's time range, kept to the nodes in ``within`` at its end:
-    the same ``count`` lines over the whole graph (a per-step topk would draw every node that is ever
+    the same ``count`` lines over the whole graph (a per-step topk would draw every one that is ever
     among them), picked once, not at every step."""
     ranked = f"avg_over_time({series}[$__range] @ end())"
     if within:
-        ranked = f"{ranked} and on(job, instance) {within} @ end()"
-    return f"{series} and on(job, instance) {pick}({count}, {ranked})"
+        ranked = f"{ranked} and on({on}) {within} @ end()"
+    return f"{series} and on({on}) {pick}({count}, {ranked})"
 
 
 # --- variables --------------------------------------------------------------------------------------
@@ -238,6 +238,14 @@ def metric_panel(name: str, title: str, selector: str, *, width: int = 6, height
         width=width, height=height)
 
 
+def several(names: list[str], title: str, *, width: int = 6, extra: str = "",
+            colour_from: str | None = None) -> timeseries.Panel:
+    """A panel of several catalogued series of the run (same unit), legends are their verl keys."""
+    step_list = healthy_steps(colour_from) if colour_from else steps(NEUTRAL)
+    return timeseries_panel(title, describe(*names, extra=extra), unit_of(names[0]), step_list,
+                            [query(f"{name}{{{RUN}}}", spec(name).key) for name in names], width=width)
+
+
 def stat_panel(title: str, description: str, unit: str, step_list: list[Threshold],
                targets: list[prometheus.Dataquery], *, width: int = 6, height: int = 4,
                graph: bool = False) -> stat.Panel:
@@ -281,15 +289,19 @@ _ANNOTATION_OPTIONS = {
 
 def to_json(dashboard: db.Dashboard) -> dict:
     """The dashboard as Grafana's JSON model: panels numbered in order, queries lettered A, B, ... within
-    each panel (where not set), annotation options filled in."""
+    each panel (where not set), a collapsed row one grid unit high, annotation options filled in."""
     model = json.loads(json.dumps(dashboard.build(), cls=JSONEncoder))
     panel_id = 0
+    shift = 0  # a collapsed row takes one grid unit: what follows it moves up by the height of its panels
     for panel in model.get("panels", []):
         for item in [panel] + panel.get("panels", []):
             panel_id += 1
             item["id"] = panel_id
+            item["gridPos"]["y"] -= shift
             for index, target in enumerate(item.get("targets", [])):
                 target["refId"] = target.get("refId") or chr(ord("A") + index)
+        if panel.get("collapsed") and panel.get("panels"):
+            shift += max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panel["panels"]) - panel["gridPos"]["y"] - 1
     for annotation in model.get("annotations", {}).get("list", []):
         if annotation.get("expr"):
             annotation.update(_ANNOTATION_OPTIONS)

@@ -74,11 +74,26 @@ _REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]'])")
 # Variables of labels a run may lack (no teams file, an owner not known): with no value, Grafana's "All"
 # (any value, none included) or the empty value, which selects the runs without the label.
 OPTIONAL_VARIABLES = ("team", "user")
+# Hidden variables named ``has_<family>`` gate a row of metrics that only some runs log (run detail's V1
+# trainer and async rows): the row is repeated over the variable, which has no value for the other runs.
+GATE_PREFIX = "has_"
 
 
 def may_be_empty(variable: dict) -> bool:
     """Whether the variable may find no value and the dashboard still work."""
-    return variable.get("name") in OPTIONAL_VARIABLES
+    name = str(variable.get("name", ""))
+    return name in OPTIONAL_VARIABLES or name.startswith(GATE_PREFIX)
+
+
+def gated_rows(dashboard: dict) -> dict[str, dict]:
+    """Rows repeated over a gate variable, by the variable's name."""
+    return {row["repeat"]: row for row in dashboard.get("panels", [])
+            if row.get("type") == "row" and str(row.get("repeat", "")).startswith(GATE_PREFIX)}
+
+
+def gated(dashboard: dict, panel: dict) -> bool:
+    """Whether ``panel`` is in a gated row: it has data only for the runs that log the row's metrics."""
+    return any(panel is child for row in gated_rows(dashboard).values() for child in row.get("panels", []))
 
 
 def variable_value(variable: dict, found: list[str], *, pick_all: bool) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build_all
-from .model import label_values_query, may_be_empty, panels, substitute, variable_query, variable_value, variables
+from .model import label_values_query, may_be_empty, substitute, variable_query, variable_value, variables
 
 COLOURS = {"green": "#73BF69", "orange": "#FF9830", "red": "#F2495C", "text": "#D8D9DA"}
 BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA", "#8E8E8E"
@@ -258,10 +258,11 @@ def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: flo
         return [x / 24, 1 - (y + HEADER + h) / total, w / 24, h / total]
 
     for item in dashboard["panels"]:
-        if item["type"] == "row":
+        if item["type"] == "row":  # titled as Grafana does: a variable's text, "None" for no value
+            title = substitute(item["title"], {name: value or "None" for name, value in values.items()})
             fig.text(item["gridPos"]["x"] / 24 + 0.004, 1 - (item["gridPos"]["y"] + HEADER + 0.7) / total,
-                     item["title"], color=TEXT, fontsize=10, fontweight="bold")
-    for panel in panels(dashboard):
+                     title, color=TEXT, fontsize=10, fontweight="bold")
+    for panel in [item for item in dashboard["panels"] if item["type"] != "row"]:  # a collapsed row's are hidden
         x, y, w, h = (panel["gridPos"][k] for k in ("x", "y", "w", "h"))
         frame = fig.add_axes(rect(x + PAD, y + PAD, w - 2 * PAD, h - 2 * PAD))
         frame.set_facecolor(PANEL)

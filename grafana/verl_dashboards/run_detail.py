@@ -4,7 +4,9 @@ Rows: training progress; policy update (pg_loss, pg_clipfrac, ppo_kl, entropy); 
 (vf_loss, vf_explained_var, vpred_mean vs returns/mean); performance (throughput, MFU, step time);
 then rewards and advantages, lengths and clip ratios, the timing breakdown of a step,
 the rollout engines (vLLM, SGLang) beside the generation phase, validation, memory and the GPUs
-of every node of the run. Firing alerts of the run are annotations on every graph.
+of every node of the run; last, collapsed, the rows only some runs have (``v1``: the V1 trainer's
+replay buffer, the async trainers, speculative decoding and MoE). Firing alerts of the run are
+annotations on every graph.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from grafana_foundation_sdk.models.dashboard import (
 
 from verl_exporter.alerting import nodes
 
-from . import rollout
+from . import rollout, v1
 from .common import (
     DATASOURCE,
     GREEN,
@@ -31,12 +33,12 @@ from .common import (
     SYSTEM,
     datasource_variable,
     describe,
-    healthy_steps,
     metric_panel,
     new_dashboard,
     query,
     query_variable,
     run_variables,
+    several,
     since_last_step_steps,
     spec,
     stat_panel,
@@ -84,14 +86,6 @@ def by_phase(pattern: str) -> str:
     regex = pattern.format(phases=f"({names})")
     return (f'label_replace({{__name__=~"verl_{regex}", {RUN}}}, "phase", "$1", "__name__", '
             f'"verl_{pattern.format(phases="(.+)")}")')
-
-
-def several(names: list[str], title: str, *, width: int = 6, extra: str = "",
-            colour_from: str | None = None) -> timeseries.Panel:
-    """A panel of several catalogued series of the run (same unit), legends are their verl keys."""
-    step_list = healthy_steps(colour_from) if colour_from else steps(NEUTRAL)
-    return timeseries_panel(title, describe(*names, extra=extra), unit_of(names[0]), step_list,
-                            [query(f"{name}{{{RUN}}}", spec(name).key) for name in names], width=width)
 
 
 def progress_row(dash: db.Dashboard) -> None:
@@ -309,8 +303,9 @@ def gpus_row(dash: db.Dashboard) -> None:
 def build() -> dict:
     """The run detail dashboard as Grafana JSON."""
     dash = new_dashboard(UID, TITLE, "One verl run: the guide's recommended panels, then the details.",
-                         [datasource_variable(), *run_variables(multi=False), nodes_variable()], RUN)
+                         [datasource_variable(), *run_variables(multi=False), nodes_variable(),
+                          *v1.gate_variables()], RUN)
     for row in (progress_row, policy_row, critic_row, performance_row, rewards_row, lengths_row, timing_row,
-                rollout.rollout_row, validation_row, memory_row, gpus_row):
+                rollout.rollout_row, validation_row, memory_row, gpus_row, v1.gated_rows):
         row(dash)
     return to_json(dash)
