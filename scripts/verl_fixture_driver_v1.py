@@ -16,6 +16,10 @@ and the agent loop's generation and reward; the agent loop's TransferQueue side 
 The `v1-sync-resumed` run runs twice with the same experiment name: the first attempt fails at step 5 (after
 the step-3 checkpoint), the second resumes (`resume_mode=auto`). DIR gets the console of both,
 metrics.first.jsonl (the FileLogger file as the first attempt left it) and metrics.jsonl.
+
+The `v1-colocate_async-evictions` run (EVICTIONS) makes the stand-in rollout fail one prompt group in 4
+and stall another one in 4, under `max_off_policy_threshold=2`: the replay buffer evicts failed, stale
+and (DAPO) no-signal groups and logs each count.
 """
 
 import argparse
@@ -46,8 +50,15 @@ from verl_fixture_workers import (
 )
 
 MODES = {"v1-sync": "sync", "v1-colocate_async": "colocate_async", "v1-separate_async": "separate_async",
-         "v1-sync-resumed": "sync"}
+         "v1-sync-resumed": "sync", "v1-colocate_async-evictions": "colocate_async"}
 FAIL_AT_STEP = 5  # the first attempt of a resumed run dies here
+# Runs whose stand-in rollout fails and stalls: from the prompts submitted at step `from_step` on, one
+# group in `every` (by dataset index, so the same prompts at each regeneration) has a session that raises
+# (verl's _run_prompt marks the group "failure", ReplayBufferAsync evicts it and refills one prompt), and
+# one in `every` takes one of `slow_s` seconds (in turn), so that by the time it finishes the trainer is
+# more than `max_off_policy_threshold` versions past the step that submitted it (evicted as too stale).
+EVICTIONS = {"v1-colocate_async-evictions": {"from_step": 2, "every": 4, "fail": 0, "slow": 2, "slow_s": (5.0, 15.0),
+                                             "max_off_policy_threshold": 2}}
 
 
 def stubs(release):
@@ -65,6 +76,9 @@ def v1_overrides(release, run, resume):
     o.append("actor_rollout_ref.rollout.calculate_log_probs=True")
     if MODES[run] == "colocate_async":  # DAPO's group filter: groups whose acc is all 0 or all 1
         o += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]
+    if run in EVICTIONS:  # drop what spans more than the threshold's weight versions
+        o += [f"trainer.v1.sampler.max_off_policy_threshold={EVICTIONS[run]['max_off_policy_threshold']}",
+              "trainer.v1.sampler.max_off_policy_strategy=drop"]
     if MODES[run] == "separate_async":
         o += ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=4",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
@@ -189,10 +203,11 @@ class RolloutStandIn:
     generated with), scored by a rule-based reward. verl's AgentLoopWorkerTQ code puts it into
     TransferQueue."""
 
-    def __init__(self, config, w):
+    def __init__(self, config, w, run=None):
         cls = agent_loop_worker_class()
         self.config = config
         self.w = w
+        self.evictions = EVICTIONS.get(run)
         self.background_tasks = set()
         self.reward_loop_worker_handles = []
         self._generate = cls.generate_sequences
@@ -219,7 +234,15 @@ class RolloutStandIn:
         # the standalone rollout of separate_async generates while the trainer trains: slow enough
         # here that the trainer waits for it and trajectories span weight updates
         slow = self.config.trainer.v1.trainer_mode == "separate_async" and not trajectory["validate"]
-        await asyncio.sleep(0.5 + 3.0 * float(w.rand(1)) if slow else 0.005)
+        faulty = self.faulty(trajectory, kwargs)
+        if faulty == "slow":
+            slow_s = self.evictions["slow_s"]
+            await asyncio.sleep(slow_s[int(kwargs["index"]) // self.evictions["every"] % len(slow_s)])
+        else:
+            await asyncio.sleep(0.5 + 3.0 * float(w.rand(1)) if slow else 0.005)
+        if faulty == "fail" and kwargs["session_id"] == 1:
+            raise RuntimeError(f"rollout request for prompt {int(kwargs['index'])} session 1 failed: "
+                               "the LLM server closed the connection")
         r = w.response_length
         length = int(float(w.rand(1)) * (r - 60) + 60)
         if kwargs["session_id"] == 0 and not trajectory["validate"]:
@@ -238,6 +261,14 @@ class RolloutStandIn:
             extra_fields={"min_global_steps": start, "max_global_steps": Versions.current},
         )
         return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+    def faulty(self, trajectory, kwargs):
+        """"fail", "slow" or None: what the evictions runs do to this training prompt's sessions."""
+        e = self.evictions
+        if e is None or trajectory["validate"] or int(kwargs["global_steps"]) < e["from_step"]:
+            return None
+        share = int(kwargs["index"]) % e["every"]
+        return "fail" if share == e["fail"] else "slow" if share == e["slow"] else None
 
     async def _compute_score(self, outputs, kwargs):
         final = outputs[-1]
@@ -341,7 +372,7 @@ def run_in_actor(release, run, config, fail_at):
         trainer._setup = lambda: setup(trainer, w, fail_at)
         trainer.init()
         track_steps(trainer, w)
-        trainer.fit(RolloutStandIn(config, w))
+        trainer.fit(RolloutStandIn(config, w, run))
         succeeded = True
     except Exception as exc:  # raised again once the result is written, as TaskRunnerV1 lets it go
         error = exc

@@ -44,7 +44,7 @@ EXTRA = {"0.3.0.post1": ["tensordict==0.6.2"], "0.4.1": ["tensordict==0.6.2"]}
 # the base, into its own folder next to the release's.
 V1_PACKAGES = ["TransferQueue==0.1.11", "pyzmq==27.3.0", "msgspec==0.23.0", "psutil==7.2.2",
                "prometheus_client==0.26.0"]
-V1_RUNS = ["v1-sync", "v1-sync-resumed", "v1-colocate_async", "v1-separate_async"]
+V1_RUNS = ["v1-sync", "v1-sync-resumed", "v1-colocate_async", "v1-separate_async", "v1-colocate_async-evictions"]
 
 
 def numpy_major(release):

@@ -27,6 +27,19 @@ VERDICTS_OF = {folder: yaml.safe_load((REPO / "tests" / "history" / name).read_t
 VERDICTS = {run: entry for verdicts in VERDICTS_OF.values() for run, entry in verdicts.items()}
 FOLDER_OF = {run: folder for folder, verdicts in VERDICTS_OF.items() for run in verdicts}
 LOG_NAMES = ("console.log", "console.stderr.log", "metrics.jsonl")  # a job's stdout, its stderr, its JSON lines
+# GPUs of the runs whose log names none (no config print), from their SOURCE.md: for their goodput ledger.
+GPUS = {**{run: 4.0 for run in ("opd-grpo-qwen2.5-3b-kl-reward-180steps", "opd-grpo-qwen2.5-3b-kl0.001-healthy-52steps",
+                               "opd-grpo-qwen2.5-3b-kl0.05-collapse", "opd-grpo-qwen2.5-3b-nokl-entropy-blowup",
+                               "opd-grpo-qwen2.5-3b-nokl-length-growth", "opd-grpo-qwen3-4b-collapse-1token",
+                               "opd-grpo-qwen2.5-3b-kl0.001-49steps-improving",
+                               "opd-grpo-qwen2.5-3b-nokl-160steps-length-growth-val-up",
+                               "opd-grpo-qwen2.5-3b-resp16k-oom-step1", "opd-grpo-qwen2.5-3b-teacher-kl-40steps-flat",
+                               "opd-sft-qwen2.5-3b-multiturn-372steps-complete")},
+        **{run: 1.0 for run in ("ragen-grpo-sokoban-qwen0.5b-entropy-blowup-collapse",
+                               "ragen-ppo-frozenlake-clip0.4-collapse-nan-gradnorm",
+                               "ragen-ppo-frozenlake-oom-step1-only-in-stderr",
+                               "ragen-ppo-frozenlake-qwen0.5b-healthy-200steps")},
+        "mi300-grpo-deepseek7b": 8.0}
 
 
 def available_runs(folder: Path = REAL_RUNS) -> list[str]:
@@ -69,9 +82,10 @@ class Replayed:
         return {name for name, level in self.fired.items() if level == severity}
 
 
-def replay_files(files: list[str], workdir: Path) -> Replayed:
-    """Backfill ``files`` and evaluate the shipped rules over them with a real Prometheus."""
-    history = backfill.build(files)
+def replay_files(files: list[str], workdir: Path, gpus: float = 0.0) -> Replayed:
+    """Backfill ``files`` and evaluate the shipped rules over them with a real Prometheus (``gpus``: of a
+    run whose log names none, for its ledger)."""
+    history = backfill.build(files, gpus=gpus)
     alerts, _ = replay.replay(history, replay.shipped_rules(), workdir, interval=backfill.SCRAPE_INTERVAL,
                               prometheus=require_binary("prometheus"), promtool=require_binary("promtool"))
     fired = {alert.rule.name: alert.severity for alert in alerts if alert.fired}

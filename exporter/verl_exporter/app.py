@@ -88,7 +88,8 @@ class Exporter:
             patterns.append(options.run_config)
         self.simulated = patterns[len(options.source):]
         self.sources = {self.source_key(pattern, options): self.make_source(pattern, options) for pattern in patterns}
-        self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
+        self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval,
+                                tick=self.store.tick)
         self.scheduler = self._scheduler()  # which job is the node's, its runs, processes and owners
         self.slurm = self.scheduler.watcher
         self.job = self.scheduler.job
@@ -294,7 +295,8 @@ class Exporter:
             if key not in self.sources:
                 self.sources[key] = added[key]
                 log.info("following %s", pattern)
-        self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval)
+        self.ingestor = Ingestor(list(self.sources.values()), interval=options.source_poll_interval,
+                                tick=self.store.tick)
         self.ingestor.start()
 
     def stop(self) -> None:

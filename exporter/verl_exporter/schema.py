@@ -259,6 +259,18 @@ TRAINING_RUN = _by_key(
         "verl_checkpoint_last_save_duration_seconds",
         "How long the run's latest finished checkpoint save took (verl's timing_s/save_checkpoint where it logs it).",
         RUN, optional=True)),
+    # The goodput ledger (store/ledger.py), for a run whose config names its GPUs.
+    ("gpus", _gauge("verl_run_gpus", "GPUs the run holds: trainer.n_gpus_per_node x trainer.nnodes of its config.",
+                    RUN, optional=True)),
+    ("gpu_seconds", _counter(
+        "verl_run_gpu_seconds",
+        "The run's GPUs times its time, by bucket: startup (to its first step's end), productive (steps without "
+        "validation and checkpoint), validation, checkpoint, between_steps, stalled (gaps past what its steps make "
+        "likely), and lost (counted again from the others: the work since the last checkpoint when the run failed).",
+        (*RUN, "bucket"), optional=True)),
+    ("at_risk", _gauge("verl_run_work_at_risk_gpu_seconds",
+                       "GPU-seconds of the run's work since its last checkpoint save: what a failure now would lose.",
+                       RUN, optional=True)),
     # Statistics over the run's own steps of the metrics the rules judge in steps (step_windows.py).
     *((f"steps_{stat}", _gauge(f"verl_training_{stat}", f"{text} (metric: the served name, in its base unit); "
                                "absent until the run has logged the metric at that many steps.", (*RUN, "metric"),

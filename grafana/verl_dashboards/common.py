@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import (
+    BarGaugeDisplayMode,
     BigValueColorMode,
     BigValueGraphMode,
     GraphThresholdsStyleMode,
@@ -24,6 +25,7 @@ from grafana_foundation_sdk.models.common import (
     StackingMode,
     TooltipDisplayMode,
     VisibilityMode,
+    VizOrientation,
 )
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
@@ -31,6 +33,7 @@ from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     Threshold,
     ThresholdsMode,
+    VariableOption,
     VariableRefresh,
     VariableSort,
 )
@@ -48,6 +51,8 @@ TOOLTIP_MULTI = TooltipDisplayMode("multi")
 DASHED_AND_AREA = GraphThresholdsStyleMode("dashed+area")
 STACKED = StackingMode("normal")
 LINK_DASHBOARDS = DashboardLinkType("dashboards")
+HORIZONTAL = VizOrientation("horizontal")
+BASIC_BARS = BarGaugeDisplayMode("basic")
 TAGS = ["verl"]
 REFRESH = "30s"
 
@@ -175,6 +180,12 @@ def query_variable(name: str, label: str, expr: str, *, multi: bool, description
     return variable
 
 
+def textbox_variable(name: str, label: str, default: str, description: str) -> db.TextBoxVariable:
+    """A free-text variable, ``default`` until a viewer types another value (kept in the URL, not saved)."""
+    return (db.TextBoxVariable(name).label(label).description(description).default_value(default)
+            .current(VariableOption(selected=True, text=default, value=default)))
+
+
 def run_variables(*, multi: bool) -> list[db.QueryVariable]:
     """``project`` and ``experiment`` (verl's trainer.project_name and trainer.experiment_name) and the
     run's owner, ``user``; on the dashboards of many runs (``multi``) the owner's ``team`` first."""
@@ -254,6 +265,15 @@ def stat_panel(title: str, description: str, unit: str, step_list: list[Threshol
             .thresholds(thresholds(step_list)).span(width).height(height).targets(targets)
             .color_mode(BigValueColorMode.VALUE)
             .graph_mode(BigValueGraphMode.AREA if graph else BigValueGraphMode.NONE)
+            .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+
+
+def bargauge_panel(title: str, description: str, unit: str, step_list: list[Threshold],
+                   targets: list[prometheus.Dataquery], *, width: int = 8, height: int = 8) -> bargauge.Panel:
+    """Horizontal bars, one per series (its latest value), coloured by the thresholds."""
+    return (bargauge.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
+            .thresholds(thresholds(step_list)).span(width).height(height).targets(targets).min(0)
+            .orientation(HORIZONTAL).display_mode(BASIC_BARS)
             .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
 
 

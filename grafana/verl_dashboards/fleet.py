@@ -1,4 +1,5 @@
-"""Fleet overview: every run in one table, how many are healthy, warning or stalled, and the fleet's GPUs.
+"""Fleet overview: every run in one table, how many are healthy, warning or stalled, the fleet's GPUs and
+what they did (the goodput ledger: goodput against its objective, waste by bucket, run and owner, its cost).
 
 A run is *stalled* when its last step is older than ``STALLED_AFTER_SECONDS`` and verl has not
 reported the end of training, or while the VerlTrainingStalled alert fires for it; *warning* when an
@@ -13,7 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
 
-from verl_exporter.alerting import fleet
+from verl_exporter.alerting import fleet, goodput
 
 from . import run_detail
 from .common import (
@@ -24,6 +25,8 @@ from .common import (
     RED,
     RUNS,
     STALLED_AFTER_SECONDS,
+    SYSTEM,
+    bargauge_panel,
     datasource_variable,
     healthy_steps,
     new_dashboard,
@@ -34,6 +37,7 @@ from .common import (
     standing_out,
     stat_panel,
     steps,
+    textbox_variable,
     thresholds,
     timeseries_panel,
     to_json,
@@ -97,10 +101,36 @@ def columns() -> list[tuple[str, str, str, list]]:
     ]
 
 
+def merged_table(title: str, description: str, cols: list[tuple[str, str, str, list]], labels: tuple[str, ...], *,
+                 label_queries: tuple[str, ...] = (), headers: dict[str, str] | None = None, width: int = 24,
+                 height: int = 10) -> table.Panel:
+    """A table of one row per set of ``labels``: a column per query of ``cols`` (header, instant query, unit,
+    threshold steps; merged on their labels), then the label cells of ``label_queries`` (their values
+    hidden); ``headers`` renames label columns. The labels come first, in order, then the columns."""
+    ref_ids = [chr(ord("A") + index) for index in range(len(cols) + len(label_queries))]
+    values, hidden = ref_ids[:len(cols)], ref_ids[len(cols):]
+    panel = (table.Panel().title(title).description(description).datasource(DATASOURCE).unit("none")
+             .thresholds(thresholds(steps(NEUTRAL))).span(width).height(height)
+             .targets([query(expr, ref_id=ref_id, instant=True, table=True)
+                       for ref_id, expr in zip(ref_ids, [expr for _, expr, _, _ in cols] + list(label_queries))])
+             .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"Time": True, **{f"Value #{ref_id}": True for ref_id in hidden}},
+                 "indexByName": {**{label: index for index, label in enumerate(labels)},
+                                 **{f"Value #{ref_id}": len(labels) + index for index, ref_id in enumerate(values)}},
+                 "renameByName": {**(headers or {}),
+                                  **{f"Value #{ref_id}": header for ref_id, (header, _, _, _) in zip(values, cols)}},
+             })))
+    for header, _, unit, step_list in cols:
+        panel = panel.override_by_name(header, [
+            DynamicConfigValue("unit", unit),
+            DynamicConfigValue("thresholds", thresholds(step_list).build()),
+            DynamicConfigValue("custom.cellOptions", {"type": "color-text"}),
+        ])
+    return panel
+
+
 def runs_table() -> table.Panel:
-    cols = columns()
-    ref_ids = [chr(ord("A") + index) for index in range(len(cols))]
-    job_ref = chr(ord("A") + len(cols))
     description = " ".join([
         "Every run the exporters follow, one row each; click a row to open its run detail dashboard.",
         "Colours follow the catalog's healthy ranges:",
@@ -113,30 +143,10 @@ def runs_table() -> table.Panel:
         "Job, User and Partition are the scheduler's (verl_job_info: Slurm's job id, user and partition; "
         "empty for a Kubernetes job or a run whose exporter names no job).",
     ])
-    panel = (table.Panel().title("Runs").description(description).datasource(DATASOURCE).unit("none")
-             .thresholds(thresholds(steps(NEUTRAL))).span(24).height(10)
-             .targets([query(expr, ref_id=ref_id, instant=True, table=True)
-                       for ref_id, (_, expr, _, _) in zip(ref_ids, cols)]
-                      + [query(JOB_INFO, ref_id=job_ref, instant=True, table=True)])
-             .data_links([db.DashboardLink("Open the run").url(RUN_LINK)])
-             .sort_by([cb.TableSortByFieldState().display_name("Since last step").desc(True)])
-             .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-             .with_transformation(DataTransformerConfig(id_val="organize", options={
-                 "excludeByName": {"Time": True, f"Value #{job_ref}": True},
-                 "indexByName": {"project": 0, "experiment": 1,
-                                 **{label: 2 + index for index, label in enumerate(JOB_LABELS)},
-                                 **{f"Value #{ref_id}": 2 + len(JOB_LABELS) + index
-                                    for index, ref_id in enumerate(ref_ids)}},
-                 "renameByName": {**JOB_HEADERS,
-                                  **{f"Value #{ref_id}": header for ref_id, (header, _, _, _) in zip(ref_ids, cols)}},
-             })))
-    for header, _, unit, step_list in cols:
-        panel = panel.override_by_name(header, [
-            DynamicConfigValue("unit", unit),
-            DynamicConfigValue("thresholds", thresholds(step_list).build()),
-            DynamicConfigValue("custom.cellOptions", {"type": "color-text"}),
-        ])
-    return panel
+    return (merged_table("Runs", description, columns(), ("project", "experiment", *JOB_LABELS),
+                         label_queries=(JOB_INFO,), headers=JOB_HEADERS)
+            .data_links([db.DashboardLink("Open the run").url(RUN_LINK)])
+            .sort_by([cb.TableSortByFieldState().display_name("Since last step").desc(True)]))
 
 
 def count_stats(dash: db.Dashboard) -> None:
@@ -199,12 +209,158 @@ def fleet_gpus(dash: db.Dashboard) -> None:
         min_value=0, max_value=1))
 
 
+# --- goodput -----------------------------------------------------------------------------------------
+# The runs' goodput ledgers (verl_run_gpu_seconds_total{bucket}) and the verl-goodput recording rules.
+
+PRICE = "gpu_hour_price"
+GPU_HOURS = "suffix: GPU-hours"
+STEP = 60  # seconds between the values of a rate a GPU-hours figure adds up over the time range
+NOT_LOST = '{bucket!="lost"}'
+PRODUCTIVE = 'bucket="productive"'
+WASTED = 'bucket=~"stalled|lost"'
+TRAINING = '{bucket=~"productive|stalled"}'
+AT_RISK = "verl_run_work_at_risk_gpu_seconds"
+BUCKETS = ("Buckets (docs/metrics.md): startup (from a run's first line, or a restart, to the end of its first "
+           "step), productive (its steps less their validation and checkpoint saves), validation, checkpoint, "
+           "between_steps (gaps between steps), stalled (gaps past what its steps make likely), lost (its work "
+           "since its last checkpoint, counted again when it fails: overlaps the others). Of the training time "
+           "(productive and stalled), waste is stalled, lost, and productive time while a training diagnosis "
+           "alert fires for the run (after_diagnosis); goodput the rest. The others are overhead.")
+FLEET_WIDE = "The whole fleet, whatever the filters above (recording rules)."
+PRICED = ("Cost is GPU-hours times the GPU-hour price typed in the variable above (any currency; no cost while "
+          "it is 0); prices per GPU model or partition are for an operator's copy of the dashboard.")
+
+
+def price_variable() -> db.TextBoxVariable:
+    return textbox_variable(PRICE, "GPU-hour price", "0",
+                            "Price of one GPU-hour, any currency: the goodput row's costs are GPU-hours times it "
+                            "(none while 0)")
+
+
+def gpu_hours(rate: str) -> str:
+    """GPU-hours over the time range of ``rate``, a recorded rate of GPU-seconds (GPUs): its values a minute
+    apart added up (missing values, when no run was followed, count as none)."""
+    return f"sum_over_time(({rate})[$__range:{STEP}s]) * {STEP} / 3600"
+
+
+def cost(hours: str) -> str:
+    """``hours`` (GPU-hours) times the GPU-hour price; nothing while the price is 0."""
+    return f"({hours}) * ${PRICE} and on() (vector(${PRICE}) > 0)"
+
+
+def ledger(bucket: str) -> str:
+    return f"{goodput.GPU_SECONDS}{{{bucket}, {RUNS}}}"
+
+
+def waste_parts(by: str) -> str:
+    """GPU-seconds of waste over the time range of the selected runs, by ``by`` and bucket: stalled, lost,
+    and the productive time while a diagnosis fired for the run (bucket ``after_diagnosis``, from its rate a
+    minute apart)."""
+    after = (f"sum_over_time((rate({ledger(PRODUCTIVE)}[$__rate_interval]) and on({BY_RUN}) {goodput.DIAGNOSED})"
+             f"[$__range:{STEP}s]) * {STEP}")
+    return (f"sum by ({by}, bucket) (increase({ledger(WASTED)}[$__range])"
+            f' or label_replace({after}, "bucket", "after_diagnosis", "", ""))')
+
+
+def most_waste(by: str) -> list[tuple[str, str, str, list]]:
+    """Columns of the ``OFFENDERS`` runs or owners (``by``) with the most waste: its GPU-hours and its cost."""
+    top = f"topk({OFFENDERS}, sum by ({by}) ({waste_parts(by)})) / 3600"
+    return [("Waste", top, GPU_HOURS, steps(NEUTRAL)),
+            ("Cost", cost(top), "none", steps(NEUTRAL))]
+
+
+def largest_part(by: str) -> str:
+    """The largest part of the waste of each of the ``OFFENDERS`` runs or owners (``by``) with the most: its
+    ``bucket`` label is the table's cell."""
+    return (f"topk by ({by}) (1, {waste_parts(by)}) / 3600"
+            f" and on({by}) topk({OFFENDERS}, sum by ({by}) ({waste_parts(by)}))")
+
+
+def goodput_row(dash: db.Dashboard) -> None:
+    """The fleet's goodput against its objective, its GPU time by bucket (today, and over 7 days) and what
+    its waste costs, from the recording rules; then the selected runs with the most work at risk and the
+    runs and owners with the most waste, from their ledgers."""
+    dash.with_row(db.Row("Goodput"))
+    fleet_goodput(dash)
+    goodput_tables(dash)
+
+
+def fleet_goodput(dash: db.Dashboard) -> None:
+    objective = SYSTEM["goodput_objective"]
+    dash.with_panel(timeseries_panel(
+        "Fleet goodput",
+        f"Share of the fleet's training time that was goodput, over the last hour and the last 6 hours (1 - "
+        f"{goodput.waste('1h')}, and 6h), against the objective (the dashed line: the catalog's "
+        f"system.goodput_objective, {objective:g}), which VerlFleetGoodputBurning(Fast) guard. {FLEET_WIDE} "
+        f"{BUCKETS}", "percentunit", steps(RED, (objective, GREEN)),
+        [query(f"1 - {goodput.waste('1h')}", "last hour"), query(f"1 - {goodput.waste('6h')}", "last 6 hours")],
+        width=8, min_value=0, max_value=1))
+    dash.with_panel(bargauge_panel(
+        "GPU-hours by bucket today",
+        f"The fleet's GPU-hours since midnight by bucket (the runs' GPUs times their time, from "
+        f"{goodput.PER_FLEET}). {FLEET_WIDE} {BUCKETS}", GPU_HOURS, steps(NEUTRAL),
+        [query(gpu_hours(goodput.PER_FLEET), "{{bucket}}", instant=True)]).time_from("now/d"))
+    fleet_waste = f"{goodput.waste('5m')} * sum({goodput.PER_FLEET}{TRAINING})"
+    dash.with_panel(stat_panel(
+        "Waste today",
+        f"The fleet's waste since midnight in GPU-hours (its waste ratio times its training GPUs, from "
+        f"{goodput.waste('5m')}), and its cost. {PRICED} {FLEET_WIDE} {BUCKETS}", GPU_HOURS, steps(NEUTRAL),
+        [query(gpu_hours(fleet_waste), "waste", instant=True),
+         query(cost(gpu_hours(fleet_waste)), "cost", instant=True)], width=8, height=8)
+        .time_from("now/d").override_by_query("B", [DynamicConfigValue("unit", "none")]))
+    by_bucket = timeseries_panel(
+        "GPUs by bucket, last 7 days",
+        f"The fleet's GPUs by bucket ({goodput.PER_FLEET}), stacked: the area is GPU-hours. Lost and the GPUs "
+        f"of runs training while a diagnosis fires ({goodput.AFTER_DIAGNOSIS}) are lines over the stack, counted "
+        f"in it already. {FLEET_WIDE} {BUCKETS}", "suffix: GPUs", steps(NEUTRAL),
+        [query(f"{goodput.PER_FLEET}{NOT_LOST}", "{{bucket}}"),
+         query(f'{goodput.PER_FLEET}{{bucket="lost"}}', "lost (counted again)"),
+         query(f"sum({goodput.AFTER_DIAGNOSIS}) or vector(0)", "after a diagnosis")],
+        stacked=True, show_thresholds=False).time_from("7d")
+    for ref_id in ("B", "C"):
+        by_bucket = by_bucket.override_by_query(ref_id, [
+            DynamicConfigValue("custom.stacking", {"mode": "none", "group": "A"}),
+            DynamicConfigValue("custom.fillOpacity", 0),
+            DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})])
+    dash.with_panel(by_bucket)
+
+
+def goodput_tables(dash: db.Dashboard) -> None:
+    at_risk = (f"topk({OFFENDERS}, max by ({BY_RUN}) ({AT_RISK}{{{RUNS}}})"
+               f" unless on({BY_RUN}) verl_training_finished_timestamp_seconds{{{RUNS}}}) / 3600")
+    bound = SYSTEM["work_at_risk_gpu_hours"]
+    dash.with_panel(merged_table(
+        "Work at risk",
+        f"The {OFFENDERS} selected unfinished runs with the most GPU-hours of work since their last checkpoint "
+        f"save ({AT_RISK}): what a crash or a preemption would make them redo, counted as lost then; orange "
+        f"past {bound:g} GPU-hours, where VerlRunWorkAtRisk fires (the catalog's system.work_at_risk_gpu_hours). "
+        f"{PRICED} {BUCKETS}",
+        [("At risk", at_risk, GPU_HOURS, steps(NEUTRAL, (bound, ORANGE))),
+         ("Cost", cost(at_risk), "none", steps(NEUTRAL))],
+        ("project", "experiment", "user", "team"), width=12, height=8)
+        .data_links([db.DashboardLink("Open the run").url(RUN_LINK)])
+        .sort_by([cb.TableSortByFieldState().display_name("At risk").desc(True)]))
+    for title, by, labels, link in (("Runs with the most waste", BY_RUN, ("project", "experiment", "user", "team"),
+                                     True),
+                                    ("Owners with the most waste", "user, team", ("user", "team"), False)):
+        what = "selected runs" if link else "owners (user and team) of the selected runs"
+        panel = (merged_table(
+            title,
+            f"The {OFFENDERS} {what} with the most waste over the time range, in GPU-hours: their stalled and "
+            "lost time, and their productive time while a training diagnosis alert fired (after_diagnosis); "
+            f"Mostly is the largest of those parts. {PRICED} {BUCKETS}", most_waste(by), (*labels, "bucket"),
+            label_queries=(largest_part(by),), headers={"bucket": "Mostly"}, width=12, height=8)
+            .sort_by([cb.TableSortByFieldState().display_name("Waste").desc(True)]))
+        dash.with_panel(panel.data_links([db.DashboardLink("Open the run").url(RUN_LINK)]) if link else panel)
+
+
 def build() -> dict:
     """The fleet overview dashboard as Grafana JSON."""
     dash = new_dashboard(UID, TITLE, "Every verl run at a glance; click a run for its details.",
-                         [datasource_variable(), *run_variables(multi=True)], RUNS)
+                         [datasource_variable(), *run_variables(multi=True), price_variable()], RUNS)
     dash.with_row(db.Row("Runs"))
     count_stats(dash)
     dash.with_panel(runs_table())
     fleet_gpus(dash)
+    goodput_row(dash)
     return to_json(dash)

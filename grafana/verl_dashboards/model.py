@@ -42,6 +42,14 @@ def variable_query(variable: dict) -> str:
     return query["query"] if isinstance(query, dict) else query
 
 
+def fixed_value(variable: dict) -> str | None:
+    """The value of a variable no query fills (a text box, a constant, a custom list): its current value,
+    else its default; None for a query or data source variable."""
+    if variable.get("type") in ("query", "datasource"):
+        return None
+    return str((variable.get("current") or {}).get("value") or variable_query(variable))
+
+
 def label_values_query(query: str) -> tuple[str, str]:
     """``label_values(selector, label)`` -> (selector, label); ValueError for any other variable query."""
     match = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\s*\)\s*", query, re.S)

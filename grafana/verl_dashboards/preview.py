@@ -3,7 +3,7 @@
 For readers who want to see the dashboards without running Grafana (the images in docs/img/).
 Every panel's queries run as Grafana would run them (variables filled from their own queries, first
 value), and each panel is drawn at its grid position: time series as lines with threshold lines,
-stats as a coloured number, the fleet table as a table. Needs matplotlib (not a project dependency):
+stats as a coloured number, bar gauges as bars, tables as tables. Needs matplotlib (not a project dependency):
 
     pip install matplotlib
     PYTHONPATH=grafana python -m verl_dashboards.preview --prometheus http://127.0.0.1:9090 --out docs/img
@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from . import build_all
-from .model import label_values_query, may_be_empty, substitute, variable_query, variable_value, variables
+from .model import (
+    fixed_value,
+    label_values_query,
+    may_be_empty,
+    substitute,
+    variable_query,
+    variable_value,
+    variables,
+)
 
 COLOURS = {"green": "#73BF69", "orange": "#FF9830", "red": "#F2495C", "text": "#D8D9DA"}
 BACKGROUND, PANEL, GRID, TEXT, MUTED = "#111217", "#181B1F", "#2C3235", "#D8D9DA", "#8E8E8E"
@@ -63,6 +71,10 @@ def fill_variables(prom: Prometheus, dashboard: dict, chosen: dict[str, str] | N
         name = variable["name"]
         if variable["type"] == "datasource":
             values[name] = "prometheus"
+            continue
+        fixed = fixed_value(variable)
+        if fixed is not None:  # a text box (the GPU-hour price): its default unless chosen
+            values[name] = chosen.get(name, fixed)
             continue
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = sorted(prom.get(f"/api/v1/label/{label}/values", **{"match[]": selector}))
@@ -116,15 +128,24 @@ def colour_for(value: float, steps: list[dict]) -> str:
     return COLOURS.get(colour, colour)
 
 
-def merge_table(results: list[tuple[str, list]]) -> tuple[list[str], list[list]]:
-    """Grafana's "merge" of instant table queries: one row per (project, experiment), a column per query."""
+def merge_table(results: list[tuple[str | None, list]],
+                keys: Sequence[str] = ("project", "experiment")) -> tuple[list[str], list[list]]:
+    """Grafana's "merge" of instant table queries: one row per set of the ``keys`` labels that every valued
+    query has, a column per valued query (its header); a query without a header (None) brings label cells
+    only (the ``keys`` the others lack: the scheduler's job, the largest part of a run's waste)."""
+    valued = [result for header, result in results if header is not None]
+    shared = [key for key in keys if all(key in series["metric"] for result in valued for series in result)]
     rows: dict[tuple, dict] = {}
     for header, result in results:
         for series in result:
-            key = (series["metric"].get("project", ""), series["metric"].get("experiment", ""))
-            rows.setdefault(key, {})[header] = float(series["value"][1])
-    headers = ["project", "experiment"] + [header for header, _ in results]
-    return headers, [[*key, *(cells.get(h) for h, _ in results)] for key, cells in sorted(rows.items())]
+            cells = rows.setdefault(tuple(series["metric"].get(key, "") for key in shared), {})
+            if header is None:
+                cells.update({key: value for key, value in series["metric"].items() if key in keys})
+            else:
+                cells[header] = float(series["value"][1])
+    headers = list(keys) + [header for header, _ in results if header is not None]
+    return headers, [[*(row.get(key, dict(zip(shared, index)).get(key, "")) for key in keys),
+                      *(row.get(header) for header in headers[len(keys):])] for index, row in sorted(rows.items())]
 
 
 def _field(panel: dict) -> tuple[str, list]:
@@ -204,20 +225,43 @@ def draw_stat(ax: Any, panel: dict, prom: Prometheus, values: dict) -> None:
             color=colour_for(value, steps), transform=ax.transAxes)
 
 
+def draw_bars(ax: Any, panel: dict, prom: Prometheus, values: dict) -> None:
+    """A horizontal bar gauge: a bar per series of the instant queries, named by the legend."""
+    unit, steps = _field(panel)
+    bars = [(legend(target.get("legendFormat", ""), series["metric"]), float(series["value"][1]))
+            for target in panel["targets"] for series in prom.instant(substitute(target["expr"], values))]
+    if not bars:
+        ax.axis("off")
+        ax.text(0.5, 0.45, "No data", ha="center", va="center", color=MUTED, fontsize=12, transform=ax.transAxes)
+        return
+    names, sizes = zip(*bars)
+    positions = range(len(bars))
+    ax.barh(positions, sizes, color=[colour_for(size, steps) for size in sizes], height=0.6)
+    ax.set_yticks(list(positions), names, fontsize=6, color=TEXT)
+    ax.invert_yaxis()
+    ax.set_xticks([])
+    for position, size in zip(positions, sizes):
+        ax.text(size, position, " " + format_value(size, unit), va="center", fontsize=6, color=TEXT)
+
+
 def draw_table(ax: Any, panel: dict, prom: Prometheus, values: dict) -> None:
     overrides = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
                  for o in panel["fieldConfig"].get("overrides", [])}
-    rename = next(t["options"]["renameByName"] for t in panel["transformations"] if t["id"] == "organize")
-    results = [(rename[f"Value #{t['refId']}"], prom.instant(substitute(t["expr"], values)))
-               for t in panel["targets"]]
-    headers, rows = merge_table(results)
+    organize = next(t["options"] for t in panel["transformations"] if t["id"] == "organize")
+    rename, index = organize["renameByName"], organize["indexByName"]
+    keys = [name for name in sorted(index, key=index.get) if not name.startswith("Value #")]
+    results = [(None if organize["excludeByName"].get(f"Value #{t['refId']}") else rename[f"Value #{t['refId']}"],
+                prom.instant(substitute(t["expr"], values))) for t in panel["targets"]]
+    headers, rows = merge_table(results, keys)
     ax.axis("off")
     cells, colours = [], []
+    width = len(keys)
     for row in rows:
-        cells.append(row[:2] + [format_value(v, overrides[h]["unit"]) if v is not None else "-"
-                                for h, v in zip(headers[2:], row[2:])])
-        colours.append([TEXT, TEXT] + [colour_for(v, overrides[h]["thresholds"]["steps"]) if v is not None else MUTED
-                                       for h, v in zip(headers[2:], row[2:])])
+        cells.append(row[:width] + [format_value(v, overrides[h]["unit"]) if v is not None else "-"
+                                    for h, v in zip(headers[width:], row[width:])])
+        colours.append([TEXT] * width + [colour_for(v, overrides[h]["thresholds"]["steps"]) if v is not None
+                                         else MUTED for h, v in zip(headers[width:], row[width:])])
+    headers = [rename.get(header, header) for header in headers]
     table = ax.table(cellText=cells or [["-"] * len(headers)], colLabels=headers, loc="upper center",
                      cellLoc="left", colLoc="left")
     table.auto_set_font_size(False)
@@ -285,6 +329,8 @@ def render_dashboard(dashboard: dict, prom: Prometheus, path: Path, minutes: flo
             draw_stat(inner, panel, prom, values)
         elif panel["type"] == "table":
             draw_table(inner, panel, prom, values)
+        elif panel["type"] == "bargauge":
+            draw_bars(inner, panel, prom, values)
     fig.savefig(path, dpi=110, facecolor=BACKGROUND)
     plt.close(fig)
     _shrink(path)

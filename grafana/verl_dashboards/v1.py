@@ -16,8 +16,6 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models.dashboard import VariableHide
 
-from verl_exporter.alerting.replay_buffer import THRESHOLDS as REPLAY
-
 from .common import (
     GREEN,
     NEUTRAL,
@@ -28,6 +26,7 @@ from .common import (
     query,
     query_variable,
     several,
+    spec,
     standing_out,
     steps,
     timeseries_panel,
@@ -72,13 +71,13 @@ def separate_async_panels() -> list[timeseries.Panel]:
 
 
 def fully_async_panels() -> list[timeseries.Panel]:
-    idle = REPLAY["idle_ratio"]
+    idle = spec("verl_fully_async_trainer_idle_ratio").thresholds["too_high"]
     legends = {"verl_fully_async_trainer_idle_ratio": "trainer", "verl_fully_async_rollouter_idle_ratio": "rollouter"}
     return [
         timeseries_panel(
             "Trainer and rollouter idle",
-            describe(*legends, extra=f"Red from {idle:.0%} (the alert rules' idle ratio): one side waits for "
-                                     "the other."),
+            describe(*legends, extra=f"Red from {idle:.0%} (the catalog's idle ratio, as the alerts): one side "
+                                     "waits for the other."),
             "percentunit", steps(GREEN, (idle, RED)),
             [query(f"{name}{{{RUN}}}", legend) for name, legend in legends.items()], width=12, min_value=0,
             max_value=1),

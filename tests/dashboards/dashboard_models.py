@@ -15,6 +15,7 @@ if str(GRAFANA) not in sys.path:
     sys.path.insert(0, str(GRAFANA))
 
 from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
+    fixed_value,
     gated,
     gated_rows,
     label_values_query,
@@ -28,7 +29,7 @@ from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
 from verl_dashboards.model import targets as _targets  # noqa: E402
 
 __all__ = ["REPO", "DASHBOARDS_DIR", "load_dashboards", "panels", "targets", "variables", "variable_query",
-           "substitute", "label_values_query", "variable_value", "may_be_empty", "gated", "gated_rows"]
+           "substitute", "label_values_query", "variable_value", "may_be_empty", "gated", "gated_rows", "fixed_value"]
 
 
 def load_dashboards() -> dict[str, dict]:

@@ -32,6 +32,15 @@ def test_table_rows_merge_per_run():
     assert rows == [["p", "a", 3.0, None], ["p", "b", 0.5, 0.5]]
 
 
+def test_table_rows_merge_on_any_labels_with_label_cells_from_a_query():
+    """The owners' table (user and team), with its largest part of waste a label query's cell."""
+    alice = {"metric": {"user": "alice", "team": "t"}, "value": [0, "7"]}
+    part = {"metric": {"user": "alice", "team": "t", "bucket": "stalled"}, "value": [0, "5"]}
+    headers, rows = merge_table([("Badput", [alice]), (None, [part])], ("user", "team", "bucket"))
+    assert headers == ["user", "team", "bucket", "Badput"]
+    assert rows == [["alice", "t", "stalled", 7.0]]
+
+
 class FakePrometheus:
     def get(self, path, **params):
         return {"/api/v1/label/project/values": ["gsm8k", "math"],
@@ -43,7 +52,8 @@ class FakePrometheus:
 def test_variables_take_all_the_chosen_value_or_the_first():
     dashboard = fleet.build()
     assert fill_variables(FakePrometheus(), dashboard) == {"datasource": "prometheus", "team": ".*", "user": ".*",
-                                                           "project": ".*", "experiment": ".*"}
+                                                           "project": ".*", "experiment": ".*", "gpu_hour_price": "0"}
     assert fill_variables(FakePrometheus(), dashboard, {"project": "math"})["project"] == "math"
+    assert fill_variables(FakePrometheus(), dashboard, {"gpu_hour_price": "2.5"})["gpu_hour_price"] == "2.5"
     with pytest.raises(RuntimeError, match="not one of"):
         fill_variables(FakePrometheus(), dashboard, {"project": "nope"})

@@ -1,11 +1,12 @@
 """Every dashboard query returns data from the real exporter through a real Prometheus.
 
 One exporter follows a simulated PPO run with 8 fake GPUs (the ``hot`` fake: GPU 0 runs hot with ECC
-and XID errors and a remapped-row failure, so the panels of the GPUs that have any show one); Debian's
-Prometheus scrapes it every
-second and evaluates one test alert that fires at once (so ``ALERTS`` has a firing series labelled
-with the run, as the shipped alerts have). Variables are filled the way Grafana fills them: each
-variable's own query runs first and its first value is used.
+and XID errors and a remapped-row failure, so the panels of the GPUs that have any show one); its config
+names the run's GPUs, so the exporter serves its goodput ledger. Debian's Prometheus scrapes it every
+second and evaluates two test alerts that fire at once (so ``ALERTS`` has firing series labelled with
+the run, as the shipped alerts have; the second is named as a training diagnosis, so the goodput rules
+see the run diagnosed). Variables are filled the way Grafana fills them: each variable's own query runs
+first and its first value is used; the GPU-hour price text box is set (``PRICE``), so the costs are shown.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 import urllib.parse
 
 import pytest
+import yaml
 from dashboard_models import (
+    fixed_value,
     gated,
     label_values_query,
     load_dashboards,
@@ -31,18 +34,30 @@ from dashboard_models import (
 from metrics_server import MetricsServer
 from owner import ME
 from servers import prom_query, start_exporter, start_prometheus, wait_until
+from verl_dashboards import fleet
 from verl_exporter import shipped
 
 DASHBOARDS = load_dashboards()
-TEST_ALERT_RULES = """
+# A training diagnosis (one of the alerts run:verl_training_diagnosed:firing reads), for the goodput row.
+DIAGNOSIS = re.search(r'alertname=~"(\w+)', next(
+    rule["expr"] for group in yaml.safe_load(shipped.recording_rules_file().read_text())["groups"]
+    for rule in group["rules"] if rule.get("record") == "run:verl_training_diagnosed:firing")).group(1)
+TEST_ALERT_RULES = f"""
 groups:
   - name: dashboard-test
     rules:
       - alert: VerlDashboardTestAlert
         expr: verl_training_last_step >= 0
-        labels: {severity: warning}
-        annotations: {summary: "Always firing, so that the ALERTS queries of the dashboards have data"}
+        labels: {{severity: warning}}
+        annotations: {{summary: "Always firing, so that the ALERTS queries of the dashboards have data"}}
+      - alert: {DIAGNOSIS}
+        expr: verl_training_last_step >= 0
+        labels: {{severity: warning}}
+        annotations: {{summary: "A diagnosis of the run, always firing: its productive time is waste"}}
 """
+PRICE = "2.5"  # the fleet overview's GPU-hour price, as an operator would type it
+# Every bucket of the goodput ledger (verl_exporter.store.ledger.BUCKETS).
+BUCKETS = {"startup", "productive", "validation", "checkpoint", "between_steps", "stalled", "lost"}
 
 ROLLOUT_LABELS = {"project": "demo", "experiment": "healthy", "engine": "vllm"}
 # The scheduler's job of the run, as the exporter serves it for a Slurm job: under the run's labels, its
@@ -94,6 +109,11 @@ def prometheus(tmp_path_factory):
             wait_until(lambda: prom_query(prom, "project_experiment:verl_rollout_generation_tokens:rate5m"),
                        timeout=30, message="the rollout server's figures")
             wait_until(lambda: prom_query(prom, "verl_job_info"), timeout=30, message="the run's scheduler job")
+            # GPU-hours add up recorded rates a minute apart: a minute mark passed since the run was diagnosed.
+            wait_until(lambda: prom_query(prom, "sum_over_time((rate(verl_run_gpu_seconds_total"
+                                                '{bucket="productive"}[1m]) and on(project, experiment, user, team)'
+                                                " run:verl_training_diagnosed:firing)[5m:60s])"),
+                       timeout=90, message="a minute's mark with the run's ledger and its diagnosis recorded")
             yield prom
 
 
@@ -115,11 +135,15 @@ def run_query(prom, expr: str, *, instant: bool) -> list:
 
 def fill_variables(prom, dashboard: dict, *, pick_all: bool) -> dict[str, str]:
     """Each query variable's values from Prometheus, in dashboard order, as Grafana picks them: the first
-    value, or "All" where the variable offers it and ``pick_all`` asks for it or it is the variable's default."""
+    value, or "All" where the variable offers it and ``pick_all`` asks for it or it is the variable's default;
+    a text box its default, but the GPU-hour price ``PRICE``."""
     values: dict[str, str] = {}
     for variable in variables(dashboard):
         if variable["type"] == "datasource":
             values[variable["name"]] = "prometheus"
+            continue
+        if fixed_value(variable) is not None:
+            values[variable["name"]] = PRICE if variable["name"] == "gpu_hour_price" else str(fixed_value(variable))
             continue
         selector, label = label_values_query(substitute(variable_query(variable), values))
         found = api(prom, f"/api/v1/label/{label}/values", **{"match[]": selector})
@@ -226,3 +250,55 @@ def test_run_gpu_panels_join_the_runs_eight_gpus(prometheus, variable_values):
     share = _instant(prometheus, "run-detail.json", "Share of the step per phase", values)
     assert {s["metric"]["phase"] for s in share} == {"gen", "ref", "values", "adv", "update_critic", "update_actor"}
     assert all(0 < float(s["value"][1]) < 1 for s in share)
+
+
+def _panel(title: str) -> dict:
+    return next(p for p in panels(DASHBOARDS["fleet-overview.json"]) if p["title"] == title)
+
+
+def _result(prom, panel: dict, ref_id: str, values: dict) -> list:
+    target = next(t for t in panel["targets"] if t["refId"] == ref_id)
+    return prom_query(prom, substitute(target["expr"], values))
+
+
+def _value(series: dict) -> float:
+    return float(series["value"][1])
+
+
+def test_goodput_row_answers_from_the_runs_ledger(prometheus, variable_values):
+    """The simulated run's ledger (8 GPUs) and its diagnosis reach every goodput panel: the buckets, the fleet's
+    waste (all of it: the run is diagnosed from the start), the run's and its owner's waste with its
+    largest part, its work at risk, and the costs at the price typed."""
+    values = variable_values["fleet-overview.json", "all"]
+    run = {"project": "demo", "experiment": "healthy", "user": ME, "team": TEAM}
+    bars = _result(prometheus, _panel("GPU-hours by bucket today"), "A", values)
+    assert {s["metric"]["bucket"] for s in bars} == BUCKETS
+    assert sum(_value(s) for s in bars if s["metric"]["bucket"] != "lost") > 0
+    goodput = _result(prometheus, _panel("Fleet goodput"), "A", values)
+    assert len(goodput) == 1 and 0 <= _value(goodput[0]) < 1  # its productive time, after a diagnosis, is waste
+    waste_today = _panel("Waste today")
+    hours, cost = (_result(prometheus, waste_today, ref_id, values) for ref_id in ("A", "B"))
+    assert _value(hours[0]) > 0 and _value(cost[0]) == pytest.approx(_value(hours[0]) * float(PRICE), rel=0.05)
+    table = _panel("Runs with the most waste")
+    waste, cost, largest = (_result(prometheus, table, ref_id, values) for ref_id in ("A", "B", "C"))
+    assert [s["metric"] for s in waste] == [run] and _value(waste[0]) > 0
+    assert _value(cost[0]) == pytest.approx(_value(waste[0]) * float(PRICE), rel=0.05)
+    assert len(largest) == 1 and largest[0]["metric"]["bucket"] in BUCKETS | {"after_diagnosis"}
+    parts = prom_query(prometheus, substitute(fleet.waste_parts(fleet.BY_RUN), values))
+    assert {s["metric"]["bucket"] for s in parts} == {"stalled", "lost", "after_diagnosis"}
+    assert _value(next(s for s in parts if s["metric"]["bucket"] == "after_diagnosis")) > 0
+    assert _value(waste[0]) * 3600 == pytest.approx(sum(_value(s) for s in parts), rel=0.05)
+    owners = _result(prometheus, _panel("Owners with the most waste"), "A", values)
+    assert [s["metric"] for s in owners] == [{"user": ME, "team": TEAM}]
+    assert _value(owners[0]) == pytest.approx(_value(waste[0]), rel=0.05)
+    at_risk = _result(prometheus, _panel("Work at risk"), "A", values)
+    assert [s["metric"] for s in at_risk] == [run] and _value(at_risk[0]) > 0
+
+
+def test_goodput_costs_are_left_out_without_a_price(prometheus, variable_values):
+    values = {**variable_values["fleet-overview.json", "all"], "gpu_hour_price": "0"}
+    costs = [(panel["title"], target) for panel in panels(DASHBOARDS["fleet-overview.json"])
+             for target in panel["targets"] if "$gpu_hour_price" in target["expr"]]
+    assert len(costs) == 4
+    for title, target in costs:
+        assert prom_query(prometheus, substitute(target["expr"], values)) == [], title

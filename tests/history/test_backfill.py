@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from owner import ME
 from servers import require_binary, start_exporter, wait_until
 from verl_exporter import simulate
 from verl_exporter.cli import main
-from verl_exporter.history.backfill import HELP_NOTE, build, parse_time
+from verl_exporter.history.backfill import HELP_NOTE, build, parse_time, write_openmetrics
 from verl_exporter.history.timeline import read_file, split_timestamp
 from verl_exporter.store.records import RunKey
 
@@ -169,3 +170,26 @@ def test_without_blocks_the_promtool_line_is_printed(tmp_path):
                              str(tmp_path / "out"), "--no-blocks"], capture_output=True, text=True, check=True)
     assert "promtool tsdb create-blocks-from openmetrics" in result.stdout
     assert not (tmp_path / "out" / "blocks").exists()
+
+
+def test_a_series_the_exporter_stops_serving_ends_there_as_a_live_prometheus_marks_it_stale(tmp_path):
+    """A restart (the config printed again) starts the throughput baseline again: its old statistics end at
+    the restart, in the history and in the OpenMetrics written, not carried on as if still served."""
+    config = repr({"trainer": {"project_name": "p", "experiment_name": "e", "critic_warmup": 0}})
+    lines = [f"2026-01-01T00:00:00Z {config}"]
+    lines += [f"2026-01-01T00:{step:02d}:00Z step:{step} - perf/throughput:1000.0 - timing_s/step:60.0"
+              for step in range(1, 26)]
+    lines += [f"2026-01-01T00:26:30Z {config}"]
+    lines += [f"2026-01-01T00:{step + 2:02d}:00Z step:{step} - perf/throughput:400.0 - timing_s/step:60.0"
+              for step in range(26, 31)]
+    history = build([str(write(tmp_path / "run.log", lines))])
+    key = next(key for key in history.series if key[1] == "verl_training_prior_mean"
+               and dict(key[2])["metric"] == "verl_perf_throughput")
+    changes = history.series[key]
+    assert changes[-1][1] is None and changes[-2][1] == 1000.0  # ended at the restart
+    ended = changes[-1][0]
+    out = io.StringIO()
+    write_openmetrics(history, out, interval=15.0)
+    written = [line for line in out.getvalue().splitlines()
+               if line.startswith("verl_training_prior_mean{") and 'metric="verl_perf_throughput"' in line]
+    assert written and max(float(line.rsplit(" ", 1)[1]) for line in written) < ended

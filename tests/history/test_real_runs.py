@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from real_runs import FOLDERS, VERDICTS, VERDICTS_OF, available_runs, log_files, replay_files, require_run
+from real_runs import FOLDERS, GPUS, VERDICTS, VERDICTS_OF, available_runs, log_files, replay_files, require_run
+from verl_exporter.history import goodput
 
 VERDICT_KINDS = {"healthy", "failing", "degraded", "short", "no-steps"}
 
@@ -26,13 +27,29 @@ def test_every_real_run_has_a_verdict(folder):
             assert entry.get("fires"), f"{name}: a failing run names the alerts it must raise"
 
 
+def assert_ledger(run: str, expected: dict, replayed) -> None:
+    """The run's goodput ledger against what its log shows (``ledger`` of its verdict): GPU-hours of each
+    bucket named, and the diagnosis its time after a diagnosis is attributed to, from which step at most."""
+    if not expected:
+        return
+    (ledger,) = goodput.ledgers(replayed.history, replayed.alerts)
+    hours = {**{bucket: seconds / 3600 for bucket, seconds in ledger.buckets.items()},
+             "after_diagnosis": ledger.after_diagnosis / 3600}
+    for bucket, (low, high) in (expected.get("hours") or {}).items():
+        assert low <= hours[bucket] <= high, f"{run}: {bucket} {hours[bucket]:.3f} GPU-hours, not {low} to {high}"
+    if "diagnosis" in expected:
+        assert ledger.diagnosis == expected["diagnosis"]["alert"], ledger.diagnosis
+        assert ledger.diagnosis_step is not None and ledger.diagnosis_step <= expected["diagnosis"]["by_step"]
+
+
 @pytest.mark.parametrize("run", sorted(VERDICTS))
 def test_real_run_replays_to_its_verdict(tmp_path, run):
     require_run(run)
     entry = VERDICTS[run]
     files = log_files(run)
-    replayed = replay_files(files, tmp_path)
+    replayed = replay_files(files, tmp_path, gpus=GPUS.get(run, 0.0))
     fired = replayed.fired
+    assert_ledger(run, entry.get("ledger") or {}, replayed)
     if entry["verdict"] == "no-steps":
         steps = [step for clock in replayed.history.steps.values() for _, step in clock]
         assert max(steps, default=0) <= 0, f"a run that never stepped logged steps {steps}"

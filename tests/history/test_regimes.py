@@ -95,7 +95,8 @@ def regimes(tmp_path_factory) -> dict[tuple[str, str, str], list[Episode]]:
         logs.append((str(log),))
         work.append(str(log.parent))
     with ProcessPoolExecutor(WORKERS) as pool:
-        results = dict(zip(keys, pool.map(replay_at, logs, [TEMPOS[tempo] for _, _, tempo in keys], work)))
+        replayed = pool.map(replay_at, logs, [TEMPOS[tempo] for _, _, tempo in keys], work)
+        results = {key: replay.episodes for key, replay in zip(keys, replayed)}
     if REPORT:
         Path(REPORT).write_text(json.dumps(
             [{"run": name, "regime": transform, "tempo": tempo,

@@ -27,8 +27,14 @@ for release in ("0.8.0", "0.9.1"):
     for run in ("agent", "grpo", "ppo"):
         EXPECTED[f"{release}/{run}"] = EXPECTED.get(f"{release}/{run}", set()) | MISMATCH
 # The V1 trainer's runs (0.9's default) are the grpo run's setup: its NaN and +Inf gradient norms.
-for run in ("v1-sync", "v1-sync-resumed", "v1-colocate_async", "v1-separate_async"):
+for run in ("v1-sync", "v1-sync-resumed", "v1-colocate_async", "v1-separate_async", "v1-colocate_async-evictions"):
     EXPECTED[f"0.9.1/{run}"] = {"VerlTrainingNonFinite"} | MISMATCH
+# Its stand-in rollout raises in one session of one prompt group in 4: verl's AgentLoopWorkerTQ logs
+# each failure with its traceback ("Error in _run_prompt for uid=..."), in the trainer's log while the
+# run steps, so VerlTrainingLogErrors (kind=traceback) is right to fire. VerlRolloutFailuresEvicted
+# does not: it wants failed groups at each of the last 3 steps, and the fixture's failures land on only
+# some steps (which ones depends on timing) and the run then finishes.
+EXPECTED["0.9.1/v1-colocate_async-evictions"] |= {"VerlTrainingLogErrors"}
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda path: f"{path.parent.name}/{path.name}")

@@ -4,6 +4,7 @@ that the median step takes 30 s (a 0.5B model), 5 minutes (7B GRPO) and 40 minut
 
 At every tempo:
 - a healthy run raises no warning or critical alert; a short one no critical;
+- a run's goodput ledger adds up to its GPUs times its lifetime;
 - a failing run's diagnosis fires within ``GRACE`` steps of the step where the run's own values show
   the failure (``onset`` in tests/history/real_runs*.yml; a rebuilt failure's first changed step);
 - no alert re-fires within ``REFIRE`` steps of its last episode (one incident, one notification).
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from real_runs import FOLDER_OF, REAL_RUNS, VERDICTS, log_files
+from real_runs import FOLDER_OF, GPUS, REAL_RUNS, VERDICTS, log_files
 from reported_failures import FAILURES, Failure, write_failure
-from verl_exporter.history import backfill, replay
+from verl_exporter.history import backfill, goodput, replay
 
 TEMPOS = {"30s": 30.0, "5m": 300.0, "40m": 2400.0}
 GRACE = 5  # steps from the onset to the first firing
@@ -39,9 +40,26 @@ class Episode:
     last: int | None  # ... and when it ended
 
 
-def replay_at(files: tuple[str, ...], tempo: float, workdir: str) -> list[Episode]:
-    """The firing episodes of ``files`` replayed at ``tempo`` (seconds per median step)."""
-    history = backfill.build(list(files), tempo=tempo)
+@dataclass(frozen=True)
+class Ledger:
+    """A run's goodput ledger at its end, and the times it must add up between."""
+
+    run: str
+    gpus: float
+    lifetime: float  # GPU-seconds of the buckets that do not overlap
+    last_step_span: float  # from the history's first line to the run's last step, in seconds
+    span: float  # from the history's first line to its last
+
+
+@dataclass(frozen=True)
+class Replay:
+    episodes: list[Episode]
+    ledgers: list[Ledger]
+
+
+def replay_at(files: tuple[str, ...], tempo: float, workdir: str, gpus: float = 0.0) -> Replay:
+    """The firing episodes and goodput ledgers of ``files`` replayed at ``tempo`` (seconds per median step)."""
+    history = backfill.build(list(files), tempo=tempo, gpus=gpus)
     alerts, _ = replay.replay(history, replay.shipped_rules(), Path(workdir), interval=backfill.SCRAPE_INTERVAL,
                               prometheus=shutil.which("prometheus") or "prometheus",
                               promtool=shutil.which("promtool") or "promtool")
@@ -55,7 +73,11 @@ def replay_at(files: tuple[str, ...], tempo: float, workdir: str) -> list[Episod
                 last = history.step_at(run, period.end) if run else None
                 episodes.append(Episode(alert.rule.name, alert.severity, tuple(sorted(alert.labels.items())),
                                         first, last))
-    return episodes
+    ledgers = [Ledger(f"{found.run.project}/{found.run.experiment}", found.gpus, found.lifetime,
+                      history.steps[found.run][-1][0] - history.start if history.steps.get(found.run) else 0.0,
+                      history.end - history.start)
+               for found in goodput.ledgers(history, alerts)]
+    return Replay(episodes, ledgers)
 
 
 def cases() -> dict[str, tuple[str, ...]]:
@@ -71,7 +93,7 @@ def failure_name(failure: Failure) -> str:
 
 
 @pytest.fixture(scope="module")
-def replays(tmp_path_factory) -> dict[tuple[str, str], list[Episode]]:
+def replays(tmp_path_factory) -> dict[tuple[str, str], Replay]:
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         pytest.skip("prometheus and promtool are needed (make test installs them)")
     root = tmp_path_factory.mktemp("tempo")
@@ -88,16 +110,22 @@ def replays(tmp_path_factory) -> dict[tuple[str, str], list[Episode]]:
     work = [root / f"work-{index}" for index in range(len(keys))]
     for folder in work:
         folder.mkdir()
+    bases = {failure_name(failure): failure.base for failure in FAILURES}
     with ProcessPoolExecutor(WORKERS) as pool:
         results = pool.map(replay_at, [jobs[name] for name, _ in keys], [TEMPOS[tempo] for _, tempo in keys],
-                           [str(folder) for folder in work])
+                           [str(folder) for folder in work],
+                           [GPUS.get(bases.get(name, name), 0.0) for name, _ in keys])
         return dict(zip(keys, results))
 
 
-def episodes_of(replays: dict, name: str, tempo: str) -> list[Episode]:
+def replay_of(replays: dict, name: str, tempo: str) -> Replay:
     if (name, tempo) not in replays:
         pytest.skip(f"{name} is not beside the checkout")
     return replays[name, tempo]
+
+
+def episodes_of(replays: dict, name: str, tempo: str) -> list[Episode]:
+    return replay_of(replays, name, tempo).episodes
 
 
 def assert_once(episodes: list[Episode], name: str, tempo: str) -> None:
@@ -154,3 +182,23 @@ def test_a_reported_failure_is_named_within_a_few_steps_at_any_tempo(replays, fa
         assert fired <= failure.at + GRACE, (
             f"{failure.issue} at {tempo} steps: {alert} first fired at step {fired}, onset {failure.at}")
     assert_once(episodes, failure_name(failure), tempo)
+
+
+@pytest.mark.parametrize("tempo", sorted(TEMPOS))
+@pytest.mark.parametrize("name", REAL + [failure_name(failure) for failure in FAILURES])
+def test_a_runs_ledger_adds_up_to_its_gpus_times_its_lifetime_at_any_tempo(replays, name, tempo):
+    """Its buckets but lost add up to its GPUs times its lifetime: from its first line to its last step at
+    least (a log ends in its last step or after it), to the history's end at most."""
+    for ledger in replay_of(replays, name, tempo).ledgers:
+        low, high = ledger.gpus * ledger.last_step_span, ledger.gpus * ledger.span
+        assert low * (1 - 1e-9) - 1e-6 <= ledger.lifetime <= high * (1 + 1e-9) + 1e-6, (
+            f"{name} at {tempo} steps, {ledger.run} on {ledger.gpus:g} GPUs: {ledger.lifetime:.1f} GPU-seconds, "
+            f"not within {low:.1f} to {high:.1f}")
+
+
+def test_the_real_runs_have_ledgers(replays):
+    """Every real run whose config or SOURCE.md names its GPUs has one (a ledger-less pass proves nothing)."""
+    named = [name for (name, tempo), result in replays.items() if tempo == "5m" and name in REAL and result.ledgers]
+    if not named:
+        pytest.skip("no real-run logs beside the checkout")
+    assert len(named) >= 25, sorted(named)

@@ -26,6 +26,7 @@ from verl_exporter.sources import Source
 from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import RunKey
 from verl_exporter.store.run_store import RunStore
+from verl_exporter.store.step_windows import SPARSE
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "verl"
 RUNS = sorted(path.parent for path in FIXTURES.glob("*/*/logged.json"))
@@ -96,13 +97,18 @@ class Case:
         return raw
 
     def latest(self) -> dict[str, float]:
-        """Each numeric key's last logged value, as this file holds it."""
+        """Each numeric key's last logged value, as this file holds it; 0 for a count verl logs only where
+        it is not 0 (``step_windows.SPARSE``) that the last step left out."""
         values: dict[str, float] = {}
         for entry in self.steps:
             for key, value in entry["data"].items():
                 number = self.expected(entry["step"], key, value)
                 if number is not None:
                     values[key] = number
+        catalog, last = default_catalog(), self.steps[-1]["data"] if self.steps else {}
+        for key in values:
+            if key not in last and catalog.resolve(key).spec.name in SPARSE:
+                values[key] = 0.0
         return values
 
     def expected(self, step: int, key: str, value) -> float | None:

@@ -17,7 +17,7 @@ import yaml
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.catalog import Catalog, default_catalog
 
-from . import anomaly, fleet, gpus, mismatch, model, nodes, replay_buffer, rollout, settings, system, training
+from . import anomaly, fleet, goodput, gpus, mismatch, model, nodes, replay_buffer, rollout, settings, system, training
 from .departures import DEPARTURES
 from .model import Alert, Group, fill, scale_duration, scale_expr
 
@@ -26,19 +26,20 @@ DATA = Path("alerts")  # verl_exporter.shipped.alerts_dir(), from the checkout's
 RULES_DIR = DATA / "rules"
 RUNBOOK_FILE = DATA / "RUNBOOK.md"
 GROUPS: tuple[Group, ...] = (training.GROUPS + mismatch.GROUPS + replay_buffer.GROUPS + system.GROUPS + gpus.GROUPS
-                             + rollout.GROUPS + anomaly.GROUPS)
+                             + rollout.GROUPS + anomaly.GROUPS + goodput.GROUPS)
 EXTRA_THRESHOLDS = {
     "system": default_catalog().system,
     "setting": {spec.key: spec.default for spec in default_catalog().settings if spec.default is not None},
     **anomaly.EXTRA,
     **mismatch.EXTRA,
-    **replay_buffer.EXTRA,
+    **goodput.EXTRA,
     **rollout.EXTRA,
     **nodes.EXTRA,
     "hysteresis": model.HYSTERESIS,
 }
 # ${NAME} in the definitions: the text constants of the definition modules.
-FRAGMENTS = model.fragments(model, settings, training, mismatch, replay_buffer, system, gpus, nodes, rollout, anomaly)
+FRAGMENTS = model.fragments(model, settings, training, mismatch, replay_buffer, system, gpus, nodes, rollout, anomaly,
+                            goodput)
 # Base of every runbook_url: the exporter serves the packaged RUNBOOK.md at /runbook, so the link
 # resolves in `make demo` and the compose stack; where the runbook is hosted elsewhere, render with
 # --runbook-url (`make generate RUNBOOK_URL=...`, `verl-exporter rules --runbook-url`).
@@ -58,6 +59,15 @@ _BREAK_BEFORE = (" and ", " or ", " unless ")
 def alerts() -> list[Alert]:
     """Every alert, in file and group order."""
     return [alert for group in GROUPS for alert in group.alerts]
+
+
+def diagnoses() -> list[str]:
+    """The alerts that say a run's training went wrong: the critical and warning alerts of the training
+    and anomaly rule files, and NaN or Inf values. A run that trains on while one fires wastes its GPUs
+    (the goodput ledger's time after a diagnosis)."""
+    quality = ("verl-training.rules.yml", "verl-anomaly.rules.yml")
+    return sorted({alert.name for group in GROUPS for alert in group.alerts
+                   if group.file in quality and alert.severity in ("critical", "warning")} | {"VerlTrainingNonFinite"})
 
 
 def audiences() -> dict[str, str]:
@@ -174,7 +184,7 @@ def recording_rules(catalog: Catalog | None = None, *, time_scale: float = 1.0, 
     """recording-rules.yml."""
     catalog = catalog or default_catalog()
     groups = (fleet.recording_rules() + system.recording_rules() + nodes.run_gpu_groups()
-              + rollout.recording_rules() + anomaly.recording_rules())
+              + rollout.recording_rules() + anomaly.recording_rules() + goodput.recording_rules(diagnoses()))
     for group in groups:
         for entry in group["rules"]:
             entry["expr"] = layout(scale_expr(filled(entry["expr"], catalog), time_scale, min_range))

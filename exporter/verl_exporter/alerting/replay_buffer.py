@@ -19,14 +19,12 @@ from __future__ import annotations
 from .model import Alert, Group, held, mostly, steps, sub
 from .settings import TRAIN_BATCH
 
-THRESHOLDS = {
-    "no_signal_per_trained": 9,  # groups evicted as without signal per group trained: 9 of 10 generated
-    "failure_share": 0.1,  # of the batch, evicted as failed, at least one group
-    "starved_steps": 0.8,  # share of the last 10 steps the separate_async trainer waited
-    "idle_ratio": 0.5,  # share of the trainer's or the rollout's time spent waiting
-}
-EXTRA = {"replay": THRESHOLDS}
-
+# The catalog's bounds (thresholds of the metrics they bound).
+PER_TRAINED = "${training/filter_groups/evicted_samples:no_signal_per_trained}"
+BATCH_SHARE = "${training/rollout_failure/evicted_samples:batch_share}"
+STARVED_STEPS = "${separate_async/switch/idle:starved_steps}"
+TRAINER_IDLE_BOUND = "${fully_async/trainer/idle_ratio:too_high}"
+ROLLOUT_IDLE_BOUND = "${fully_async/rollouter/idle_ratio:too_high}"
 FILTERED = "verl_training_filter_groups_evicted_samples"
 FAILED = "verl_training_rollout_failure_evicted_samples"
 SWITCH_IDLE = "verl_separate_async_switch_idle"
@@ -34,9 +32,9 @@ TRAINER_IDLE = "verl_fully_async_trainer_idle_ratio"
 ROLLOUT_IDLE = "verl_fully_async_rollouter_idle_ratio"
 
 # Groups evicted as without signal: no_signal_per_trained times the batch (9: nine of ten generated).
-NO_SIGNAL_GROUPS = "${replay:no_signal_per_trained} * " + TRAIN_BATCH
+NO_SIGNAL_GROUPS = "${PER_TRAINED} * " + TRAIN_BATCH
 # Failed groups that count: failure_share of the batch, at least one; one where the batch is unknown.
-FAILED_GROUPS = sub("${RUN_MATCH} (clamp_min(${replay:failure_share} * ${batch}, 1)"
+FAILED_GROUPS = sub("${RUN_MATCH} (clamp_min(${BATCH_SHARE} * ${batch}, 1)"
                     " or 0 * verl_training_last_step + 1)", batch=TRAIN_BATCH)
 
 
@@ -56,12 +54,12 @@ REPLAY_BUFFER = Group(name="verl-replay-buffer", file="verl-training.rules.yml",
         for_="0s",
         summary="Nine of ten prompt groups generated carry no learning signal.",
         description="Run ${RUN}: the replay buffer evicted ${NUMBER} or more prompt groups at each of the last 3 "
-        "steps because every rollout of the prompt scored the same: ${replay:no_signal_per_trained} for each "
+        "steps because every rollout of the prompt scored the same: ${PER_TRAINED} for each "
         "group trained (`data.train_batch_size` a step), nine of ten generated.",
         meaning="With `algorithm.filter_groups` the V1 trainer drops groups whose rollouts all score the same "
         "(`training/filter_groups/evicted_samples`) and generates more until a batch of groups with signal is "
         "ready, so the no-signal streak VerlNoLearningSignal looks for never reaches the trained batch. When "
-        "${replay:no_signal_per_trained} groups or more are dropped for each one trained, the run spends nine tenths "
+        "${PER_TRAINED} groups or more are dropped for each one trained, the run spends nine tenths "
         "of its rollout on groups it throws away, and the data is near the edge of what the run learns from: "
         "every response right (the data became too easy for the policy) or every response wrong (a reward "
         "function that never matches, responses cut at `data.max_response_length`). A run whose config is "
@@ -77,7 +75,7 @@ REPLAY_BUFFER = Group(name="verl-replay-buffer", file="verl-training.rules.yml",
         stay=mostly(FAILED, ">=", FAILED_GROUPS), for_="0s",
         summary="Prompt groups keep failing in rollout and are dropped.",
         description="Run ${RUN}: the replay buffer dropped ${NUMBER} or more prompt groups whose rollout failed at "
-        "each of the last 3 steps (${replay:failure_share} of `data.train_batch_size` or more, at least one).",
+        "each of the last 3 steps (${BATCH_SHARE} of `data.train_batch_size` or more, at least one).",
         meaning="`training/rollout_failure/evicted_samples` counts prompt groups of which a session failed (an "
         "agent loop's exception, a tool or sandbox error, an engine error) and which the V1 trainer replaced "
         "(`trainer.v1.sampler.sync_refill_failed_groups`). verl logs them and goes on: nothing else "
@@ -94,11 +92,11 @@ ASYNC = Group(name="verl-async-trainers", file="verl-performance.rules.yml",
     Alert(
         name="VerlTrainerStarved", severity="info",
         expr=sub("${switch} or ${ratio}",
-                 switch=_became("window_mean", SWITCH_IDLE, "${replay:starved_steps}"),
-                 ratio=_became("window_median", TRAINER_IDLE, "${replay:idle_ratio}")),
-        stay=sub("${switch} or ${ratio}",
-                 switch=steps("window_mean", SWITCH_IDLE) + " >= ${hysteresis:half} * ${replay:starved_steps}",
-                 ratio=steps("window_median", TRAINER_IDLE) + " >= ${hysteresis:half} * ${replay:idle_ratio}"),
+                 switch=_became("window_mean", SWITCH_IDLE, "${STARVED_STEPS}"),
+                 ratio=_became("window_median", TRAINER_IDLE, "${TRAINER_IDLE_BOUND}")),
+        stay=sub("${switch} >= ${hysteresis:half} * ${STARVED_STEPS}"
+                 " or ${ratio} >= ${hysteresis:half} * ${TRAINER_IDLE_BOUND}",
+                 switch=steps("window_mean", SWITCH_IDLE), ratio=steps("window_median", TRAINER_IDLE)),
         for_="0s",
         summary="The trainer waits for rollouts most of the time.",
         description="Run ${RUN}: the trainer waited for rollouts in ${PERCENT} of its last 10 steps "
@@ -115,8 +113,9 @@ ASYNC = Group(name="verl-async-trainers", file="verl-performance.rules.yml",
     ),
     Alert(
         name="VerlRolloutIdle", severity="info",
-        expr=_became("window_median", ROLLOUT_IDLE, "${replay:idle_ratio}"),
-        stay=steps("window_median", ROLLOUT_IDLE) + " >= ${hysteresis:half} * ${replay:idle_ratio}", for_="0s",
+        expr=_became("window_median", ROLLOUT_IDLE, "${ROLLOUT_IDLE_BOUND}"),
+        stay=steps("window_median", ROLLOUT_IDLE) + " >= ${hysteresis:half} * ${ROLLOUT_IDLE_BOUND}",
+        for_="0s",
         summary="The rollout GPUs wait for the trainer most of the time.",
         description="Run ${RUN}: the rollouter sat idle for ${PERCENT} of its time between weight syncs (median "
         "of `fully_async/rollouter/idle_ratio` over the last 10 steps), and it did not in its first 10 steps.",

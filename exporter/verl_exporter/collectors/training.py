@@ -44,6 +44,12 @@ and, over the run's own steps of the metrics the rules judge in steps (``step_wi
     verl_training_early_median{project,experiment,metric}  the run's first 10 steps
     verl_training_run_max{project,experiment,metric}       and run_min: every step so far
 
+and, for a run whose config names its GPUs, its goodput ledger (``store.ledger``)::
+
+    verl_run_gpus{project,experiment}                            trainer.n_gpus_per_node x trainer.nnodes
+    verl_run_gpu_seconds_total{project,experiment,bucket}        its GPUs times its time, by bucket
+    verl_run_work_at_risk_gpu_seconds{project,experiment}        work since its last checkpoint save
+
 and, once a run has started saving a checkpoint (verl's ``local_global_step_folder:`` line)::
 
     verl_checkpoint_saving{project,experiment}                           1 while a save runs, else 0
@@ -185,6 +191,12 @@ class TrainingCollector(Collector):
                 families["checkpoint_step"].add_metric(run, checkpoint.done_step)
                 if checkpoint.done_seconds is not None:  # set with done_step
                     families["checkpoint_seconds"].add_metric(run, checkpoint.done_seconds)
+        ledger = state.ledger
+        if ledger.gpus:
+            families["gpus"].add_metric(run, ledger.gpus)
+            for bucket, seconds in ledger.seconds.items():
+                families["gpu_seconds"].add_metric(run + [bucket], seconds)
+            families["at_risk"].add_metric(run, ledger.at_risk)
         for name, window in sorted(state.windows.items()):
             for stat in step_windows.WATCHED.get(name, ()):
                 statistic = window.stat(stat)

@@ -72,7 +72,7 @@ class History:
     """What the live exporter would have served over a run: each series' values as they changed."""
 
     families: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (type, help)
-    series: dict[SeriesId, list[tuple[float, float]]] = field(default_factory=dict)
+    series: dict[SeriesId, list[tuple[float, float | None]]] = field(default_factory=dict)  # None: no longer served
     steps: dict[RunKey, list[tuple[float, int]]] = field(default_factory=dict)  # each run's step clock
     runs: set[RunKey] = field(default_factory=set)  # every run its records fed, stepped or not
     timelines: list[FileTimeline] = field(default_factory=list)
@@ -104,9 +104,10 @@ class History:
 
 def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, experiment: str | None = None,
           until: float | None = None, default_step_seconds: float = DEFAULT_STEP_SECONDS,
-          tempo: float | None = None) -> History:
+          tempo: float | None = None, gpus: float = 0.0) -> History:
     """Read ``paths`` and replay their steps through a RunStore, in time order. With ``tempo``, as
-    the same run whose median step takes ``tempo`` seconds (``history.tempo``)."""
+    the same run whose median step takes ``tempo`` seconds (``history.tempo``); ``gpus``: of a run
+    whose config names none, for its goodput ledger."""
     history = History()
     events = []
     for path in paths:
@@ -124,7 +125,7 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
         raise ValueError(f"the logs' times span {span / 86400 / 365.25:.3g} years, {_iso(events[0][0])} to "
                          f"{_iso(events[-1][0] if until is None else max(until, events[-1][0]))}: over a year, so a "
                          "line's timestamp or a logged step time (timing_s/step) is wrong")
-    store = RunStore(default_catalog())
+    store = RunStore(default_catalog(), gpus=gpus)
     collector = TrainingCollector(store)
     latest: dict[SeriesId, float] = {}
     position = 0
@@ -142,6 +143,7 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
                     if not clock or clock[-1][1] != record.step:
                         clock.append((moment, record.step))
             position += 1
+        store.tick(moment)
         _record_changes(history, collector, latest, moment)
     history.start = events[0][0]
     history.end = max(events[-1][0], until if until is not None else -math.inf)
@@ -149,17 +151,25 @@ def build(paths: list[str], *, fmt: str = "auto", project: str | None = None, ex
 
 
 def _record_changes(history: History, collector: TrainingCollector, latest: dict, moment: float) -> None:
+    """The samples that changed at ``moment``, and the end (None) of each series no longer served, as a
+    live Prometheus marks it stale."""
+    served = set()
     for family in collector.collect():
         if family.name not in history.families:
             history.families[family.name] = (family.type, family.documentation)
         for sample in family.samples:
             key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+            served.add(key)
             value = float(sample.value)
             before = latest.get(key)
             if before is not None and (before == value or (math.isnan(before) and math.isnan(value))):
                 continue
             latest[key] = value
             history.series.setdefault(key, []).append((moment, value))
+    if len(served) < len(latest):
+        for key in [key for key in latest if key not in served]:
+            del latest[key]
+            history.series[key].append((moment, None))
 
 
 def escape(text: str) -> str:
@@ -346,13 +356,16 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tempo", type=parse_duration, metavar="DURATION",
                         help="replay the run as if its median step took DURATION (e.g. 30s, 40m): every step's "
                              "time and logged duration scaled alike, the same run on faster or slower GPUs")
+    parser.add_argument("--gpus", type=float, default=0.0, metavar="N",
+                        help="GPUs the run held, where its config does not say (trainer.n_gpus_per_node x "
+                             "trainer.nnodes): its goodput ledger in GPU-seconds")
     parser.add_argument("--job", default="verl", help="the job label Prometheus would add")
     parser.add_argument("--instance", default="backfill", help="the instance label Prometheus would add")
 
 
 def build_from_args(args: argparse.Namespace) -> History:
     return build(expand(args.sources), fmt=args.format, project=args.project, experiment=args.experiment,
-                 until=args.until, tempo=args.tempo)
+                 until=args.until, tempo=args.tempo, gpus=args.gpus)
 
 
 def backfill(args: argparse.Namespace, output: Path, *, blocks: bool = True) -> tuple[History, Path, int]:

@@ -24,7 +24,8 @@ How the rules are evaluated, and why so:
    The alerts read recorded series as ``last_over_time(name[interval])``: see ``read_fresh``.
 
 Each alert is printed with the steps (the run's ``verl_training_last_step`` at those times) from
-which to which it was pending and firing, and its summary. Exit status 1 when a critical alert
+which to which it was pending and firing, and its summary; then each run's goodput ledger
+(``goodput``: its GPU-hours by bucket, and those after a diagnosis). Exit status 1 when a critical alert
 would have fired, else 0; 2 on errors.
 """
 
@@ -46,6 +47,7 @@ from prometheus_client.utils import floatToGoString
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.records import RunKey
 
+from . import goodput
 from .alert_rules import (
     EVERY_RUN,
     NO_RUN,
@@ -104,7 +106,9 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     start, end = round(history.start, 3), round(history.end, 3)
     block = block_for(start, end)  # the raw and the recorded series' blocks alike
     create_blocks(openmetrics, data, promtool, block)
-    server = Prometheus(workdir, data, prometheus, lookback=max(300.0, 2 * interval))
+    # Every served series has a sample at every scrape until it ends (backfill): a lookback of two scrapes
+    # ends it there, as a live Prometheus's staleness marker does.
+    server = Prometheus(workdir, data, prometheus, lookback=2 * interval)
     try:
         server.start()
         answerable = answerable_groups(recording, lambda name: name in history.families)
@@ -239,4 +243,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"verl-exporter replay: error: {exc}", file=sys.stderr)
         return 2
     print(report(history, alerts, count))
+    print()
+    print(goodput.report(goodput.ledgers(history, alerts)))
     return 1 if any(alert.fired and alert.severity == "critical" for alert in alerts) else 0

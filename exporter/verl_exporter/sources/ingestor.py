@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 
@@ -47,15 +48,17 @@ def poll_sources(sources: list[Source], failing: set[int]) -> tuple[int, bool]:
 
 
 class Ingestor:
-    """Polls every source in turn on a daemon thread, every ``interval`` seconds.
+    """Polls every source in turn on a daemon thread, every ``interval`` seconds, then calls ``tick``.
 
     While a source is still reading a backlog it polls again at once. One source failing is
     logged and does not stop the others.
     """
 
-    def __init__(self, sources: Iterable[Source], interval: float = 0.5) -> None:
+    def __init__(self, sources: Iterable[Source], interval: float = 0.5,
+                 tick: Callable[[float], None] | None = None) -> None:
         self.sources = list(sources)
         self.interval = interval
+        self.tick = tick  # after each round, with the time: the store's clock-driven accounting
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing: set[int] = set()
@@ -90,5 +93,10 @@ class Ingestor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll_all()
+            if self.tick is not None:
+                try:
+                    self.tick(time.time())
+                except Exception:  # noqa: BLE001 - the ledger's accounting must not stop the reading
+                    log.exception("the store's tick failed")
             if not any(source.behind for source in self.sources):
                 self._stop.wait(self.interval)

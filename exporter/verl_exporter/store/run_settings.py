@@ -56,3 +56,15 @@ def total_steps(numbers: dict[str, float]) -> int | None:
     """The config's ``trainer.total_training_steps`` when the user set it (verl's default is null)."""
     value = numbers.get(TOTAL_STEPS_KEY)
     return int(value) if value is not None and 1 <= value <= MAX_STEP else None
+
+
+MAX_GPUS = 1_000_000  # of one run: a larger product is no config's
+
+
+def gpus(numbers: dict[str, float]) -> float | None:
+    """The GPUs the run's config asks for: ``trainer.n_gpus_per_node`` x ``trainer.nnodes`` (1 node
+    where it says none); None where it names no GPUs per node."""
+    per_node, nodes = numbers.get("trainer.n_gpus_per_node"), numbers.get("trainer.nnodes", 1.0)
+    if per_node is None or not 0 < per_node * nodes <= MAX_GPUS:
+        return None
+    return per_node * nodes

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from verl_exporter.store.catalog import Resolved
+from verl_exporter.store.ledger import Ledger
 from verl_exporter.store.records import CHECKPOINT_SAVE_KEYS, RunKey, logged_seconds
 from verl_exporter.store.step_windows import StepWindow
 
@@ -84,6 +85,7 @@ class RunState:
     pending_steps: list = field(default_factory=list)  # (step, values) not yet in ``windows`` (the store folds them)
     validations: tuple[int, ...] = ()  # the run's latest three steps that validated (validation.py)
     sparse_steps: dict[str, int] = field(default_factory=dict)  # sparse key -> the step it was last logged at
+    ledger: Ledger = field(default_factory=Ledger)  # its GPU-seconds by bucket
 
     def copy(self) -> "RunState":
         return RunState(
@@ -120,6 +122,7 @@ class RunState:
             windows={name: window.copy() for name, window in self.windows.items()},
             validations=self.validations,
             sparse_steps=dict(self.sparse_steps),
+            ledger=self.ledger.copy(),
         )
 
     def drop_key(self, key: str) -> None:

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import cast
 
-from verl_exporter.store import run_settings
+from verl_exporter.store import run_settings, validation
 from verl_exporter.store.catalog import Catalog
 from verl_exporter.store.records import MAX_KEY_CHARS, Record, RunKey, is_event
 from verl_exporter.store.run_state import CheckpointState, RunState, StoreSnapshot
@@ -52,8 +52,9 @@ class RunStore:
 
     def __init__(self, catalog: Catalog, *, max_series_per_run: int = 2000, max_runs: int = 1000,
                  max_error_sources: int = 1000, retention: float = 0.0, idle_retention: float = 0.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, gpus: float = 0.0):
         self.catalog = catalog
+        self.gpus = gpus  # of a run whose config names none (the ledger counts nothing where both are unknown)
         self.retention = retention
         self.idle_retention = idle_retention
         self.clock = clock
@@ -102,6 +103,9 @@ class RunStore:
                 self._name_job(state, record.job)
             self._version += 1
             state.version = self._version
+            if state.started_at is None:
+                state.ledger.gpus = state.ledger.gpus or self.gpus
+                state.ledger.start(record.time)
             if state.started_at is None or record.time < state.started_at:
                 state.started_at = record.time
             if record.run_config is not None or record.total_steps is not None:
@@ -109,7 +113,7 @@ class RunStore:
                     state.config_by_owner = True  # the run's own log printed it: no config file overrides
                 if (record.run_config is not None and state.last_step_time is not None
                         and record.time >= state.last_step_time):
-                    self._restarted(state)
+                    self._restarted(state, record.time)
                 self._describe(state, record)
                 return
             if record.source:
@@ -122,13 +126,19 @@ class RunStore:
             if record.error is not None or record.fatal is not None:
                 self._log_error(state, record)
                 return
+            saved = False
             if state.checkpoint is not None and state.checkpoint.saving and (
                     record.finished or record.step >= state.checkpoint.step):
                 state.checkpoint.end(record.time, values)
+                saved = True
             if record.finished:
                 state.finish(record.step)
+                state.ledger.end(record.time, failed=False)
                 return
             if record.step != state.last_step:
+                state.ledger.step(record.time, values)
+                if saved:
+                    state.ledger.saved()
                 state.last_step = record.step
                 state.steps_ingested += 1
                 if state.fatal is not None and record.step > state.fatal[1]:
@@ -158,9 +168,10 @@ class RunStore:
                         state.nonfinite[key] += 1
                         state.nonfinite_step[key] = record.step
 
-    def _restarted(self, state: RunState) -> None:
+    def _restarted(self, state: RunState, moment: float) -> None:
         """The run's config came again after its steps: the job started again (resumed). Baselines of
-        one attempt (``step_windows.PER_ATTEMPT``) start again from its next step."""
+        one attempt (``step_windows.PER_ATTEMPT``) start again from its next step; so does its ledger."""
+        state.ledger.start(moment)
         self._steps.fold(state)
         for name in PER_ATTEMPT:
             state.windows.pop(name, None)
@@ -218,6 +229,7 @@ class RunStore:
             state.error_step[record.error] = step
         if record.fatal is not None:
             state.fatal = (record.fatal, step)
+            state.ledger.end(record.time, failed=True)
         state.error_lines = (state.error_lines + [record.line])[-ERROR_LINES:]
 
     def _may_feed(self, state: RunState, record: Record) -> bool:
@@ -329,6 +341,7 @@ class RunStore:
         """Take a record about the run: its settings (config) and its length."""
         if record.run_config is not None:
             state.config, state.config_info = run_settings.pick(self.catalog, record.run_config)
+            state.ledger.gpus = run_settings.gpus(state.config) or state.ledger.gpus
             configured = run_settings.total_steps(state.config)
             if configured is not None and not state.total_from_log:
                 state.total_steps = configured
@@ -434,6 +447,19 @@ class RunStore:
         if state is not None:
             self._names.fill_series(state)
         return state
+
+    def tick(self, now: float) -> None:
+        """Count in each run's ledger the time that is startup or stalled whatever comes next (a run
+        that hangs shows its hours while it hangs)."""
+        with self._lock:
+            for state in self._runs.values():
+                if state.ledger.since is None:
+                    continue
+                saving = state.checkpoint is not None and state.checkpoint.saving
+                validates = state.last_step is not None and validation.next_validation(state) == state.last_step + 1
+                if state.ledger.tick(now, busy=saving or validates):
+                    self._version += 1
+                    state.version = self._version
 
     def unfinished_runs(self) -> list[RunKey]:
         """The runs that have not finished (retention applied first); copies no run."""

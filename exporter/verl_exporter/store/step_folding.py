@@ -56,7 +56,8 @@ class StepFolder:
         if not self._validation_keys.isdisjoint(keys):
             validation.note(state, step)
         found = {key: values[key] for key in keys & self._watched.keys()}
-        if self._sparse and found:
+        sparse = self._sparse
+        if sparse and (found or not sparse.isdisjoint(keys)) and any(key in state.values for key in sparse):
             self._fill_sparse(state, step, keys, found)
         return found
 
@@ -68,7 +69,9 @@ class StepFolder:
             logged[key] = step
         for key in self._sparse - keys:
             if key in latest and logged.get(key) != step:
-                found[key] = latest[key] = 0.0
+                latest[key] = 0.0
+                if key in self._watched:
+                    found[key] = 0.0
 
     def fold(self, state: RunState) -> None:
         """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
@@ -121,6 +124,6 @@ class StepFolder:
         spec = resolved.spec
         if spec.name in WATCHED and not resolved.label_values:
             self._watched[key] = (spec.name, spec.scale)
-            if spec.name in SPARSE:
-                self._sparse.add(key)
+        if spec.name in SPARSE:
+            self._sparse.add(key)
         self._resolved.add(key)

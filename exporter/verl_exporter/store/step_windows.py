@@ -127,8 +127,11 @@ WATCHED: dict[str, frozenset[str]] = {
 }
 LONGEST = max(STATS.values())
 # Counts verl logs only at a step where they are not 0 (the V1 replay buffer's evictions, summed over the
-# step's iterations): once a run has logged one, a step without it counts as 0 (``StepFolder.watched``).
-SPARSE = frozenset({"verl_training_filter_groups_evicted_samples", "verl_training_rollout_failure_evicted_samples"})
+# step's iterations): once a run has logged one, a step without it counts as 0, served and in the step
+# statistics (``StepFolder.watched``).
+SPARSE = frozenset({"verl_training_filter_groups_evicted_samples",
+                    "verl_training_filter_groups_discarded_surplus_samples",
+                    "verl_training_rollout_failure_evicted_samples", "verl_training_off_policy_evicted_samples"})
 # Baselines of one attempt of a run: a restart (the run's config printed again after its steps) starts them
 # again, as a resumed job may run on other GPUs or another release (verl 0.9's separate_async counts the
 # rollout GPUs in perf/throughput's denominator).
