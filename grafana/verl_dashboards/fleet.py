@@ -310,14 +310,17 @@ def fleet_goodput(dash: db.Dashboard) -> None:
         .time_from("now/d").override_by_query("B", [DynamicConfigValue("unit", "none")]))
     by_bucket = timeseries_panel(
         "GPUs by bucket, last 7 days",
-        f"The fleet's GPUs by bucket ({goodput.PER_FLEET}), stacked: the area is GPU-hours. Lost and the GPUs "
-        f"of runs training while a diagnosis fires ({goodput.AFTER_DIAGNOSIS}) are lines over the stack, counted "
-        f"in it already. {FLEET_WIDE} {BUCKETS}", "suffix: GPUs", steps(NEUTRAL),
+        f"The fleet's GPUs by bucket ({goodput.PER_FLEET}), stacked: the area is GPU-hours. Lost, the GPUs "
+        f"of runs training while a diagnosis fires ({goodput.AFTER_DIAGNOSIS}) and the runs' GPUs that idle "
+        f"({goodput.IDLE_GPUS}: under the catalog's system.gpu_idle_utilization over 10 minutes, where their "
+        f"node's exporter sees them) are lines over the stack, counted in it already. {FLEET_WIDE} {BUCKETS}",
+        "suffix: GPUs", steps(NEUTRAL),
         [query(f"{goodput.PER_FLEET}{NOT_LOST}", "{{bucket}}"),
          query(f'{goodput.PER_FLEET}{{bucket="lost"}}', "lost (counted again)"),
-         query(f"sum({goodput.AFTER_DIAGNOSIS}) or vector(0)", "after a diagnosis")],
+         query(f"sum({goodput.AFTER_DIAGNOSIS}) or vector(0)", "after a diagnosis"),
+         query(f"sum({goodput.IDLE_GPUS}) or vector(0)", "idle (held, unused)")],
         stacked=True, show_thresholds=False).time_from("7d")
-    for ref_id in ("B", "C"):
+    for ref_id in ("B", "C", "D"):
         by_bucket = by_bucket.override_by_query(ref_id, [
             DynamicConfigValue("custom.stacking", {"mode": "none", "group": "A"}),
             DynamicConfigValue("custom.fillOpacity", 0),
