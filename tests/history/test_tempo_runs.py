@@ -197,8 +197,11 @@ def test_a_runs_ledger_adds_up_to_its_gpus_times_its_lifetime_at_any_tempo(repla
 
 
 def test_the_real_runs_have_ledgers(replays):
-    """Every real run whose config or SOURCE.md names its GPUs has one (a ledger-less pass proves nothing)."""
-    named = [name for (name, tempo), result in replays.items() if tempo == "5m" and name in REAL and result.ledgers]
-    if not named:
+    """Every real run whose SOURCE.md names its GPUs (GPUS) has a ledger, and most others from their config
+    print: the adding-up test above checks ledgers, not their absence."""
+    replayed = {name for name, tempo in replays if tempo == "5m" and name in REAL}
+    if not replayed:
         pytest.skip("no real-run logs beside the checkout")
-    assert len(named) >= 25, sorted(named)
+    named = {name for name in replayed if replays[name, "5m"].ledgers}
+    assert replayed & set(GPUS) <= named, sorted(replayed & set(GPUS) - named)
+    assert len(named) >= 20, sorted(named)
