@@ -151,6 +151,10 @@ def recorded(fleet):
                timeout=TIMEOUT, message="four evaluations of each run's median GPU utilization (the deepest chain)")
     wait_until(lambda: recorded_evaluations("job:verl_gpus_up:sum", fleet), timeout=TIMEOUT,
                message="four evaluations of the fleet's recorded figures")
+    # The goodput row adds up recorded rates a minute apart: a minute's mark with them and the waste recorded.
+    wait_until(lambda: fleet.query("sum_over_time((fleet:verl_gpu_waste:ratio_rate5m"
+                                   " * sum(bucket:verl_run_gpu_seconds:rate5m))[5m:60s])"), timeout=90,
+               message="a minute's mark with the fleet's goodput ledger and waste recorded")
     return fleet
 
 

@@ -212,8 +212,9 @@ def fleet_values(stack):
     wait_until(lambda: stack.query("count_over_time(verl_gpu_ecc_errors_total[1m]) >= 4"), timeout=TIMEOUT,
                message="four scrapes of the exporters in VictoriaMetrics")
     # The goodput row adds up recorded rates a minute apart: a minute's mark with them recorded.
-    wait_until(lambda: stack.query("sum_over_time(bucket:verl_run_gpu_seconds:rate5m[5m:60s])"), timeout=90,
-               message="a minute's mark with the fleet's goodput ledger recorded")
+    wait_until(lambda: stack.query("sum_over_time((fleet:verl_gpu_waste:ratio_rate5m"
+                                   " * sum(bucket:verl_run_gpu_seconds:rate5m))[5m:60s])"), timeout=90,
+               message="a minute's mark with the fleet's goodput ledger and waste recorded")
     return fill_variables(stack.vm, DASHBOARDS[FLEET], pick_all=True)
 
 
