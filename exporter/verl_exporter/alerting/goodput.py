@@ -11,6 +11,8 @@ burns the budget. The objective and the burn rates are the catalog's (``system.g
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .model import Alert, Group, sub
 from .nodes import RUN_GPU_BUSY
 
@@ -34,6 +36,15 @@ def waste(window: str) -> str:
     return f"fleet:verl_gpu_waste:ratio_rate{window}"
 
 
+def hung_or_lost(window: str) -> str:
+    """The part of it the on-call acts on: the share of the fleet's training time stalled or lost."""
+    return f"fleet:verl_gpu_stalled_or_lost:ratio_rate{window}"
+
+
+FAST = ("1h", "5m")  # the windows of the fast burn, which pages
+SLOW = ("6h", "30m")
+
+
 def _rate(bucket: str, window: str) -> str:
     return f"rate({GPU_SECONDS}{{bucket{bucket}}}[{window}])"
 
@@ -55,16 +66,20 @@ def recording_rules(diagnoses: list[str]) -> list[dict]:
     for window in WINDOWS:
         productive, stalled = _rate('="productive"', window), _rate('="stalled"', window)
         after = f"sum(sum by ({RUN_LABELS}) ({productive}) and on({RUN_LABELS}) {DIAGNOSED})"
-        rules.append({"record": waste(window), "expr": (
-            f"clamp_max((sum({stalled}) + (sum({_rate('=' + LOST, window)}) or vector(0)) + ({after} or vector(0)))"
-            f" / (sum({productive}) + sum({stalled}) > 0), 1)")})
+        hung = f"sum({stalled}) + (sum({_rate('=' + LOST, window)}) or vector(0))"
+        training = f"(sum({productive}) + sum({stalled}) > 0)"
+        rules.append({"record": waste(window),
+                      "expr": f"clamp_max(({hung} + ({after} or vector(0))) / {training}, 1)"})
+        if window in FAST:
+            rules.append({"record": hung_or_lost(window), "expr": f"clamp_max(({hung}) / {training}, 1)"})
     return [{"name": "verl-goodput", "rules": rules}]
 
 
-def _burning(long: str, short: str, rate: str) -> str:
+def _burning(ratio: Callable[[str], str], windows: tuple[str, str], rate: str) -> str:
+    long, short = windows
     return sub("${long} > ${rate} * (1 - ${system:goodput_objective})"
                " and ${short} > ${rate} * (1 - ${system:goodput_objective})",
-               long=waste(long), short=waste(short), rate=rate)
+               long=ratio(long), short=ratio(short), rate=rate)
 
 
 BURN_MEANING = ("Of the fleet's training time (its runs' productive and stalled GPU time, from the goodput "
@@ -80,20 +95,21 @@ GOODPUT = Group(name="verl-goodput-alerts", file="verl-operations.rules.yml", ti
                 alerts=(
     Alert(
         name="VerlFleetGoodputBurningFast", severity="critical",
-        expr=_burning("1h", "5m", "${system:goodput_burn_fast}"), for_="2m",
-        summary="The fleet's training GPUs are wasted far faster than its goodput objective allows.",
+        expr=_burning(hung_or_lost, FAST, "${system:goodput_burn_fast}"), for_="2m",
+        summary="The fleet's training GPUs hang or lose their work far faster than its goodput objective allows.",
         description="Over the last hour and the last 5 minutes, {{ $value | humanizePercentage }} of the fleet's "
-        "training time was wasted: over ${system:goodput_burn_fast} times the error budget of a goodput objective "
-        "of ${system:goodput_objective}.",
-        meaning=BURN_MEANING + "Waste over ${system:goodput_burn_fast} times the budget left by the objective, "
-        "over both the last hour and the last 5 minutes (so it pages quickly and stops paging once the cause "
-        "is gone), means most of the fleet's training GPUs do nothing useful now: runs hung, crashing in a "
-        "loop, or training on after a collapse.",
+        "training time was stalled or lost: over ${system:goodput_burn_fast} times the error budget of a goodput "
+        "objective of ${system:goodput_objective}.",
+        meaning=BURN_MEANING + "The page counts the waste the on-call acts on, runs that hang or crash: stalled "
+        "and lost time over ${system:goodput_burn_fast} times the budget left by the objective, over both the "
+        "last hour and the last 5 minutes (so it pages quickly and stops paging once the cause is gone), means "
+        "much of the fleet's training GPUs do nothing useful now. Runs training on after a diagnosis are "
+        "their teams' to stop: they count in VerlFleetGoodputBurning, not here.",
         fix=BURN_FIX,
     ),
     Alert(
         name="VerlFleetGoodputBurning", severity="warning",
-        expr=_burning("6h", "30m", "${system:goodput_burn_slow}"), for_="15m",
+        expr=_burning(waste, SLOW, "${system:goodput_burn_slow}"), for_="15m",
         summary="The fleet's goodput is below its objective.",
         description="Over the last 6 hours and the last 30 minutes, {{ $value | humanizePercentage }} of the fleet's "
         "training time was wasted: over the error budget of a goodput objective of ${system:goodput_objective}.",
