@@ -14,7 +14,10 @@ from pathlib import Path
 
 import yaml
 
+from verl_exporter.shipped import rules_dir
 from verl_exporter.store.step_windows import WATCHED, StepWindow
+
+STEP_STATISTICS_FILE = (rules_dir() / "verl-step-statistics.rules.yml").resolve()
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 _NUMBER = r"(?:[+-]?[0-9.]+(?:e[+-]?[0-9]+)?|NaN|[+-]?Inf)"
@@ -79,13 +82,31 @@ def expand(path: Path, out_dir: Path) -> Path:
     for line, block in sorted(inserts, reverse=True):
         lines[line:line] = block
     out = "\n".join(lines)
-    for rule in _items(_get(root, "rule_files")):
-        out = out.replace(f"- {rule.value}\n", f"- {(path.parent / rule.value).resolve()}\n", 1)
+    rule_files = [(path.parent / rule.value).resolve() for rule in _items(_get(root, "rule_files"))]
+    for rule, resolved in zip(_items(_get(root, "rule_files")), rule_files):
+        out = out.replace(f"- {rule.value}\n", f"- {resolved}\n", 1)
+    out = with_step_statistics(out, rule_files)
     if len(_items(_get(yaml.compose(out), "tests"))) != len(_items(_get(root, "tests"))):
         raise ValueError(f"{path}: the expanded file does not hold the same tests")
     target = out_dir / path.name
     target.write_text(out, encoding="utf-8")
     return target
+
+
+def with_step_statistics(text: str, rule_files: list[Path]) -> str:
+    """A test file's text that also loads the recorded step statistics the rules read
+    (``verl-step-statistics.rules.yml``) and evaluates them first at each evaluation time, as the
+    group's rules are evaluated before they are read. promtool orders only the groups that
+    ``group_eval_order`` lists, so it lists every group: the statistics, then the others in file order."""
+    if STEP_STATISTICS_FILE in rule_files or not any(path.name.startswith("verl-") for path in rule_files):
+        return text
+    groups = [group["name"] for path in [STEP_STATISTICS_FILE, *rule_files]
+              for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+    head, marker, rest = text.partition("\nrule_files:\n")
+    if not marker or "group_eval_order" in text:
+        raise ValueError("a test file with rule_files and without group_eval_order is expected")
+    indent = rest[:len(rest) - len(rest.lstrip(" "))]  # of the list's items
+    return f"{head}{marker}{indent}- {STEP_STATISTICS_FILE}\n{rest}\ngroup_eval_order: {json.dumps(groups)}\n"
 
 
 def _get(node: yaml.Node | None, key: str) -> yaml.Node | None:

@@ -185,9 +185,8 @@ def test_rules_follow_a_changed_catalog_threshold():
     other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families)
     groups = yaml.safe_load(render.rule_files(other)["verl-training.rules.yml"])["groups"]
     rule = next(r for g in groups for r in g["rules"] if r.get("alert") == "VerlPolicyUpdateAggressive")
-    assert rule["expr"].startswith('((max without(metric) (verl_training_recent_min{metric="verl_actor_pg_clipfrac"})'
-                                   ' > 0.66) or (max without(metric) (verl_training_window_median'
-                                   '{metric="verl_actor_pg_clipfrac"}) > 0.66 and ')
+    assert rule["expr"].startswith("((run:verl_actor_pg_clipfrac:recent_min > 0.66)"
+                                   " or (run:verl_actor_pg_clipfrac:window_median > 0.66 and ")
     assert "above 0.66" in rule["annotations"]["description"]
 
 
@@ -283,3 +282,28 @@ def test_departures_from_the_guide_name_shipped_alerts_and_reach_the_runbook():
     for name in DEPARTURES:
         section = next(text for text in sections if text.startswith(name + "\n"))
         assert "**Differs from the guide.**" in section, name
+
+
+def test_each_step_statistic_an_alert_reads_is_recorded_once_and_read_raw_by_recording_rules():
+    """The alerts read the step statistics as recorded series (``run:<metric>:<stat>``), each recorded
+    once, by the statistics group; recording rules read the statistics themselves (one level deep)."""
+    files = {path.name: yaml.safe_load(path.read_text()) for path in shipped.rule_files()}
+    (group,) = files[render.STEP_STATISTICS_FILE]["groups"]
+    recorded = [entry["record"] for entry in group["rules"]]
+    assert group["name"] == model.STEP_STATISTICS_GROUP and len(recorded) == len(set(recorded)) > 100
+    statistic = re.compile(r"(?<![\w:])run:[A-Za-z0-9_]+:[a-z_]+(?![\w:])")
+    read = {name for data in files.values() for group in data["groups"] for entry in group["rules"]
+            if "alert" in entry for name in statistic.findall(entry["expr"])}
+    every_record = {entry["record"] for data in files.values() for group_ in data["groups"] for entry in group_["rules"]
+                    if "record" in entry}
+    assert read - every_record == set(), "alerts read recorded names no rule records"
+    assert set(recorded) <= read, f"recorded but read by no alert: {sorted(set(recorded) - read)}"
+    for data in files.values():
+        for other in data["groups"]:
+            for entry in other["rules"]:
+                if "record" in entry and other is not group:
+                    assert not set(statistic.findall(entry["expr"])) & set(recorded), entry["record"]
+    for entry in group["rules"]:  # each the run's statistic of one metric (or of its spellings)
+        assert re.fullmatch(r'(max|min) without\(metric\) \(verl_training_[a-z_]+\{metric=~?"[^"]+"\}\)',
+                            entry["expr"].strip()), entry
+        assert entry["record"].endswith(":" + re.search(r"verl_training_([a-z_]+)\{", entry["expr"]).group(1))

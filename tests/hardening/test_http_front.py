@@ -182,13 +182,17 @@ def test_more_connections_than_file_descriptors(tmp_path):
     try:
         socks = hold(port, 300, b"GET /metr")
         time.sleep(0.5)
-        for _ in range(3):
-            assert http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)[0] == 200
+        for _ in range(3):  # answered, however long a loaded machine takes to work through the backlog
+            assert http_get(f"http://127.0.0.1:{port}/metrics", timeout=30)[0] == 200
+        # A spinning accept loop burns a whole CPU in every second; a busy machine may lend the exporter
+        # a burst of work in one of them: the quietest of three seconds is judged.
         cpu = psutil.Process(process.pid)
-        before = sum(cpu.cpu_times()[:2])
-        time.sleep(1.0)
-        spent = sum(cpu.cpu_times()[:2]) - before
-        assert spent < 0.5, f"the exporter used {spent:.2f} s of CPU in 1 s with idle connections"
+        spent = []
+        for _ in range(3):
+            before = sum(cpu.cpu_times()[:2])
+            time.sleep(1.0)
+            spent.append(sum(cpu.cpu_times()[:2]) - before)
+        assert min(spent) < 0.5, f"the exporter used {spent} s of CPU in three seconds with idle connections"
     finally:
         for sock in socks:
             sock.close()

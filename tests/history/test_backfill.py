@@ -193,3 +193,23 @@ def test_a_series_the_exporter_stops_serving_ends_there_as_a_live_prometheus_mar
     written = [line for line in out.getvalue().splitlines()
                if line.startswith("verl_training_prior_mean{") and 'metric="verl_perf_throughput"' in line]
     assert written and max(float(line.rsplit(" ", 1)[1]) for line in written) < ended
+
+
+def test_a_copy_under_a_recorded_name_has_the_samples_of_its_series_without_the_metric_label(tmp_path):
+    """``copies``: a recording rule that only drops the ``metric`` label (a recorded step statistic) is
+    written as its series' samples under the recorded name, ending where the series ends."""
+    lines = [f"2026-01-01T00:{step:02d}:00Z step:{step} - actor/entropy:{0.5 + step / 100} - timing_s/step:60.0"
+             for step in range(1, 31)]
+    history = build([str(write(tmp_path / "run.log", lines))])
+    out = io.StringIO()
+    write_openmetrics(history, out, interval=15.0, keep=lambda name: name == "verl_training_recent_max",
+                      copies={("verl_training_recent_max", "verl_actor_entropy"): "run:verl_actor_entropy:recent_max",
+                              ("verl_training_recent_max", "no_such_metric"): "run:no_such_metric:recent_max"})
+    families = {family.name: family for family in read_openmetrics(out.getvalue())}
+    assert "run:no_such_metric:recent_max" not in families
+    source = [(dict(s.labels), s.value, s.timestamp) for s in families["verl_training_recent_max"].samples
+              if s.labels["metric"] == "verl_actor_entropy"]
+    copy = [(dict(s.labels), s.value, s.timestamp) for s in families["run:verl_actor_entropy:recent_max"].samples]
+    assert len(copy) == len(source) > 20
+    assert copy == [({k: v for k, v in labels.items() if k != "metric"}, value, at) for labels, value, at in source]
+    assert copy[-1][1] == 0.8  # the max of the last 3 steps, at the last one

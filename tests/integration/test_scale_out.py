@@ -175,9 +175,18 @@ def scraped_by(vmagents: list[Server], job: str = "verl") -> list[set[str]]:
 
 
 def shares_of_all(vmagents: list[Server], targets: set[str]) -> list[set[str]]:
-    """Each member's targets, once the members have taken every one of ``targets`` between them."""
-    return wait_until(lambda: (lambda found: found if set().union(*found) == targets else None)(scraped_by(vmagents)),
-                      timeout=TIMEOUT, message="every target taken by a member")
+    """Each member's targets, once the members have taken every one of ``targets`` between them and
+    two reads a second apart agree (a member that has just re-read its file_sd files may list some of
+    them for a moment). Fails with the last shares seen if that never happens."""
+    seen: list[list[set[str]]] = [[]]
+
+    def settled() -> list[set[str]] | None:
+        found = scraped_by(vmagents)
+        previous, seen[0] = seen[0], found
+        return found if set().union(*found) == targets and found == previous else None
+
+    return wait_until(settled, timeout=TIMEOUT, interval=1.0, message="every target taken by a member",
+                      fail=lambda reason: pytest.fail(f"{reason}; the last shares read: {seen[0]}"))
 
 
 def test_each_target_is_scraped_by_exactly_one_member(fleet):

@@ -51,7 +51,8 @@ ENABLE = "`actor_rollout_ref.rollout.calculate_log_probs=True`"
 
 def corr(name: str, stat: str) -> str:
     """Step statistic ``stat`` of rollout_corr/``name``, under either spelling."""
-    return steps_of_any(stat, CORR + name, (f"verl_rollout_corr_{name}", f"verl_actor_rollout_corr_{name}"))
+    return steps_of_any(stat, CORR + name, (f"verl_rollout_corr_{name}", f"verl_actor_rollout_corr_{name}"),
+                        name=f"verl_rollout_corr_{name}")
 
 
 def corr_held(name: str, op: str, threshold: str) -> str:

@@ -143,18 +143,46 @@ HYSTERESIS = {"half": 0.5, "twice": 2.0, "thrice": 3.0}
 HELD_STATS = {">": "recent_min", ">=": "recent_min", "<": "recent_max"}  # the condition at each of the last 3 steps
 
 
+# The step statistics the rules read, each recorded once per run (group STEP_STATISTICS_GROUP) under
+# the name ``run:<metric>:<stat>``: recorded name -> the expression recording it. ``steps`` and
+# ``steps_of_any`` fill it as the definitions are read.
+STEP_STATISTICS: dict[str, str] = {}
+STEP_STATISTICS_GROUP = "verl-step-statistics"
+_RECORDED_STATISTIC = re.compile(r"(?<![\w:])run:[A-Za-z0-9_]+:[a-z_]+(?![\w:])")
+
+
 def steps(stat: str, metric: str) -> str:
     """The run's statistic ``stat`` (step_windows.STATS) of ``metric``, labelled as the run's
-    series are (the ``metric`` label dropped, so statistics of two metrics compare directly)."""
+    series are (the ``metric`` label dropped, so statistics of two metrics compare directly): the
+    recorded series ``run:<metric>:<stat>``."""
     _served(stat, (metric,))
-    return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
+    return _recorded(f"run:{metric}:{stat}", f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})')
 
 
-def steps_of_any(stat: str, pattern: str, names: tuple[str, ...], aggregate: str = "max") -> str:
+def steps_of_any(stat: str, pattern: str, names: tuple[str, ...], aggregate: str = "max", *, name: str) -> str:
     """``steps`` of whichever of ``names`` (matched by ``pattern``) the run logs: the spellings of one
-    metric, or several metrics taken together by ``aggregate`` (``min``: the least of them)."""
+    metric, or several metrics taken together by ``aggregate`` (``min``: the least of them), recorded
+    as ``run:<name>:<stat>``."""
     _served(stat, names)
-    return f'{aggregate} without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})'
+    return _recorded(f"run:{name}:{stat}", f'{aggregate} without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})')
+
+
+def _recorded(name: str, expr: str) -> str:
+    if STEP_STATISTICS.setdefault(name, expr) != expr:
+        raise ValueError(f"{name} is recorded as {STEP_STATISTICS[name]}, not {expr}")
+    return name
+
+
+def step_statistics_group() -> dict:
+    """The recording group of every step statistic a rule reads, one rule each, by name."""
+    return {"name": STEP_STATISTICS_GROUP, "interval": "",
+            "rules": [{"record": name, "expr": STEP_STATISTICS[name]} for name in sorted(STEP_STATISTICS)]}
+
+
+def read_raw(expr: str) -> str:
+    """``expr`` with each recorded step statistic replaced by the expression recording it: what a
+    recording rule reads (rules that read recorded series are kept one level deep)."""
+    return _RECORDED_STATISTIC.sub(lambda match: STEP_STATISTICS.get(match.group(0), match.group(0)), expr)
 
 
 def _served(stat: str, names: tuple[str, ...]) -> None:

@@ -101,15 +101,16 @@ VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')}"
 # How many of the run's latest steps in a row had every advantage 0 (max and min), and how likely such a
 # step is in this run: its own share of them before the streak (after 10 steps), else by its batch.
 ADVANTAGES = ("verl_critic_advantages_max", "verl_critic_advantages_min")
-NO_SIGNAL_STREAK = steps_of_any("zero_streak", "|".join(ADVANTAGES), ADVANTAGES, aggregate="min")
+ADVANTAGES_NAME = "verl_critic_advantages"  # their statistics taken together, as recorded
+NO_SIGNAL_STREAK = steps_of_any("zero_streak", "|".join(ADVANTAGES), ADVANTAGES, aggregate="min", name=ADVANTAGES_NAME)
 # The chance of such a step in this run: its share of them before the streak, weighed with a prior of
 # no_signal_prior_steps steps at small_batch_share (a batch under small_batch prompts) or share_floor.
 NO_SIGNAL_PRIOR = ("(0 * ${NO_SIGNAL_STREAK} + ${critic/advantages/max:small_batch_share}"
                    " and ${RUN_MATCH} " + setting("data.train_batch_size") + " < ${critic/advantages/max:small_batch}"
                    " or 0 * ${NO_SIGNAL_STREAK} + ${critic/advantages/max:share_floor})")
-NO_SIGNAL_CHANCE = ("clamp((" + steps_of_any("zero_before", "|".join(ADVANTAGES), ADVANTAGES)
+NO_SIGNAL_CHANCE = ("clamp((" + steps_of_any("zero_before", "|".join(ADVANTAGES), ADVANTAGES, name=ADVANTAGES_NAME)
                     + " + ${critic/advantages/max:no_signal_prior_steps} * ${NO_SIGNAL_PRIOR}) / ("
-                    + steps_of_any("steps_before", "|".join(ADVANTAGES), ADVANTAGES)
+                    + steps_of_any("steps_before", "|".join(ADVANTAGES), ADVANTAGES, name=ADVANTAGES_NAME)
                     + " + ${critic/advantages/max:no_signal_prior_steps}),"
                     " ${critic/advantages/max:share_floor}, ${critic/advantages/max:share_ceiling})")
 # Entropy not collapsed (that is VerlEntropyCollapsing's and VerlPrematureConvergence's to tell).

@@ -176,6 +176,29 @@ def _close(histories: dict, rule: AlertRule, key: tuple, alert: dict, end: float
         history.periods.append(Period("firing", fired, end))
 
 
+_LABEL_DROP = re.compile(r'max without\(metric\) \((verl_training_[a-z_]+)\{metric="([A-Za-z0-9_]+)"\}\)')
+
+
+def label_drops(groups: list[dict]) -> tuple[dict[tuple[str, str], str], list[dict]]:
+    """The recording rules that only drop the ``metric`` label of one step statistic (the recorded step
+    statistics: one series per run, so ``max`` keeps it as it is), as (series name, metric) -> recorded
+    name, and the groups without them. A replay writes their series beside the ones they copy, with the
+    same samples, so the alerts read them plainly, as a live Prometheus does, at no query's cost."""
+    drops: dict[tuple[str, str], str] = {}
+    kept = []
+    for group in groups:
+        rules = []
+        for entry in group["rules"]:
+            match = _LABEL_DROP.fullmatch(entry["expr"].strip())
+            if match and not entry.get("labels"):
+                drops[match.group(1), match.group(2)] = entry["record"]
+            else:
+                rules.append(entry)
+        if rules:
+            kept.append({**group, "rules": rules})
+    return drops, kept
+
+
 def inline(alerts: list[AlertRule], groups: list[dict]) -> tuple[list[AlertRule], list[dict]]:
     """The alerts with each recorded series they read plainly (no matchers, no range, no added labels)
     replaced by its rule's expression, evaluated at the same time: the same result without a

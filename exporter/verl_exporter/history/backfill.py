@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import Callable, Iterable, Iterator, Mapping, TextIO
 
 from prometheus_client.utils import floatToGoString
 
@@ -177,10 +177,13 @@ def escape(text: str) -> str:
 
 
 def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
-                      instance: str = "backfill", keep: Callable[[str], bool] | None = None) -> int:
+                      instance: str = "backfill", keep: Callable[[str], bool] | None = None,
+                      copies: Mapping[tuple[str, str], str] | None = None) -> int:
     """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
-    ``keep``: whether a series name is written (all are without it). Each series is written as its
-    samples are made, a few thousand lines at a time: the text is never held whole."""
+    ``keep``: whether a series name is written (all are without it). ``copies``: (series name, its
+    ``metric`` label) -> a recorded name under which the series is written again without that label
+    (a recording rule that only drops it: the same samples). Each series is written as its samples
+    are made, a few thousand lines at a time: the text is never held whole."""
     count = int((history.end - history.start) // interval) + 2
     if count * len(history.series) > MAX_SAMPLES:
         shortest = (history.end - history.start) * len(history.series) / MAX_SAMPLES
@@ -189,8 +192,12 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
     target = (("instance", instance), ("job", job))
     written = 0
     by_family: dict[str, list[SeriesId]] = {}
+    copied: dict[str, list[SeriesId]] = {}
     for key in history.series:
         by_family.setdefault(key[0], []).append(key)
+        copy = copies.get((key[1], dict(key[2]).get("metric", ""))) if copies else None
+        if copy is not None:
+            copied.setdefault(copy, []).append(key)
     for name, (kind, documentation) in history.families.items():
         keys = [key for key in by_family.get(name, ()) if keep is None or keep(key[1])]
         if not keys:
@@ -198,24 +205,33 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
         out.write(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
         for key in sorted(keys):
             labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target))
-            prefix = f"{key[1]}{{{labels}}} "
-            changes = history.series[key]
-            position, value = 0, None
-            lines = []
-            for moment in history.scrapes(interval):
-                while position < len(changes) and changes[position][0] <= moment:
-                    value = changes[position][1]
-                    position += 1
-                if value is not None:
-                    lines.append(f"{prefix}{floatToGoString(value)} {moment:.3f}\n")
-                    if len(lines) == WRITE_LINES:
-                        out.writelines(lines)
-                        written += len(lines)
-                        lines = []
-            out.writelines(lines)
-            written += len(lines)
+            written += _write_series(out, f"{key[1]}{{{labels}}} ", history.series[key], history.scrapes(interval))
+    for name, keys in sorted(copied.items()):
+        out.write(f"# TYPE {name} gauge\n")
+        for key in sorted(keys):
+            labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target)
+                              if label != "metric")
+            written += _write_series(out, f"{name}{{{labels}}} ", history.series[key], history.scrapes(interval))
     out.write("# EOF\n")
     return written
+
+
+def _write_series(out: TextIO, prefix: str, changes: list, scrapes: Iterable[float]) -> int:
+    """One series' sample at each scrape (its value then, while it has one); the samples written."""
+    position, value, written = 0, None, 0
+    lines = []
+    for moment in scrapes:
+        while position < len(changes) and changes[position][0] <= moment:
+            value = changes[position][1]
+            position += 1
+        if value is not None:
+            lines.append(f"{prefix}{floatToGoString(value)} {moment:.3f}\n")
+            if len(lines) == WRITE_LINES:
+                out.writelines(lines)
+                written += len(lines)
+                lines = []
+    out.writelines(lines)
+    return written + len(lines)
 
 
 def promtool_command(openmetrics: Path, blocks: Path, promtool: str = "promtool",

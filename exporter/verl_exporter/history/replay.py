@@ -58,6 +58,7 @@ from .alert_rules import (
     answerable_groups,
     evaluate,
     inline,
+    label_drops,
     load_rules,
     read_fresh,
     referenced,
@@ -96,13 +97,16 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     alerts = [dataclasses.replace(rule, interval=max(rule.interval, interval)) for rule in alerts]
     for group in recording:
         group["interval"] = f"{max(parse_duration(group['interval']), interval):g}s"
+    drops, recording = label_drops(recording)
     alerts, recording = inline(alerts, recording)
     alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
     data = workdir / "data"
     openmetrics = workdir / "backfill.om"
     exprs = [rule.expr for rule in alerts] + [entry["expr"] for group in recording for entry in group["rules"]]
+    read = referenced(exprs)
+    copies = {source: name for source, name in drops.items() if read(name)}
     with openmetrics.open("w", encoding="utf-8") as out:
-        write_openmetrics(history, out, interval=interval, keep=referenced(exprs))
+        write_openmetrics(history, out, interval=interval, keep=read, copies=copies)
     start, end = round(history.start, 3), round(history.end, 3)
     block = block_for(start, end)  # the raw and the recorded series' blocks alike
     create_blocks(openmetrics, data, promtool, block)

@@ -165,9 +165,10 @@ def parse_console_continuation(line: str, dropped: DropCounter | None = None) ->
 
 def is_finished_line(line: str) -> bool:
     """True for verl's end-of-training line (``Final validation metrics: {...}``)."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    return FINISHED_MARKER in line
+    if FINISHED_MARKER in line:
+        return True
+    # ANSI codes may colour the marker's words apart: only a line holding them is cleaned.
+    return "\x1b" in line and "Final" in line and FINISHED_MARKER in _ANSI.sub("", line)
 
 
 def _content(line: str) -> str:

@@ -287,7 +287,7 @@ class Source:
         after_step, state.after_step = state.after_step, False
         # Most console lines are other output: skip them without parsing (ANSI codes could hide "step:").
         parsed = (parse_console_line(line, lazy=True, dropped=state.dropped)
-                  if "step:" in line or "\x1b" in line else None)
+                  if "step:" in line or ("\x1b" in line and "step" in line) else None)
         if parsed is not None:
             state.last_step, state.after_step = parsed[0], True
             state.exit.step()

@@ -93,6 +93,7 @@ class StepFolder:
         windows = state.windows
         for order, _, steps, rows in tables.values():
             columns = zip(*rows) if len(order) > 1 else (rows,)
+            table_steps = [step for _, step in steps]
             for key, column in zip(order, columns):
                 name, scale = watched[key]
                 numbers = _numbers(column)
@@ -101,8 +102,7 @@ class StepFolder:
                     if window is None:
                         window = windows[name] = StepWindow()
                     floats = cast("list[float]", numbers)
-                    window.add_all([step for _, step in steps],
-                                   floats if scale == 1 else [number * scale for number in floats])
+                    window.add_all(table_steps, floats if scale == 1 else [number * scale for number in floats])
                     continue
                 found = points.setdefault(name, [])
                 found += [(index, step, number * scale) for (index, step), number in zip(steps, numbers)
