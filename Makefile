@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools slurm-tools demo exporter-demo lint test bench generate fixtures clean
+.PHONY: install tools slurm-tools demo exporter-demo lint check test bench generate fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ exporter-demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The loop to run while editing: lint, then the unit tests (no servers, no real runs), in under a minute.
+check: lint
+	$(PY) -m pytest -q tests/unit
 
 test: install tools slurm-tools lint
 	$(PY) -m pytest -q

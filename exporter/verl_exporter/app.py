@@ -19,7 +19,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from verl_exporter import simulate
+from verl_exporter import reload, simulate
 from verl_exporter.collectors import Collector, CollectorRunner
 from verl_exporter.collectors.evidence import EvidenceCollector
 from verl_exporter.collectors.exporter import ExporterCollector
@@ -29,7 +29,6 @@ from verl_exporter.collectors.job_info import JobInfoCollector
 from verl_exporter.collectors.job_processes import JobSelector
 from verl_exporter.collectors.node import NodeCollector
 from verl_exporter.collectors.training import TrainingCollector
-from verl_exporter.config import reload
 from verl_exporter.config.options import Options, OptionsError, log_level
 from verl_exporter.config.teams import TeamsError, load_teams
 from verl_exporter.exposition import Exposition

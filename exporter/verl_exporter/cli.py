@@ -20,8 +20,8 @@ import time
 from types import FrameType
 from typing import Protocol, cast
 
+from verl_exporter import reload
 from verl_exporter.app import Exporter
-from verl_exporter.config import reload
 from verl_exporter.config.options import LOG_FORMAT, OptionsError, load_options, log_level
 from verl_exporter.http import web_config
 from verl_exporter.http.server import parse_listen_address

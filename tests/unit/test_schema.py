@@ -163,3 +163,29 @@ def test_a_package_is_a_node_of_its_modules_imports():
     graph = _graph()
     assert "verl_exporter.schema" in graph["verl_exporter.store.catalog"]
     assert "verl_exporter.collectors.run_cache" in graph["verl_exporter.collectors.training"]
+
+
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto the package's sub-packages (``verl_exporter.http``, ...); a module of
+    the package root stays a node of its own."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else module
+
+    folded: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        folded.setdefault(package(module), set()).update(package(name) for name in imports)
+    return {name: imports - {name} for name, imports in folded.items()}
+
+
+def test_no_import_cycle_between_the_sub_packages():
+    packages = _packages(_graph())
+    assert {"verl_exporter.config", "verl_exporter.http", "verl_exporter.store"} <= set(packages)
+    assert "verl_exporter.config" in packages["verl_exporter.http"]  # http reads its files through config
+    assert _cycle(packages) is None, " -> ".join(_cycle(packages) or [])
+
+
+def test_the_package_fold_sees_a_loop_two_modules_apart():
+    graph = {"verl_exporter.config.reload": {"verl_exporter.http.server"},
+             "verl_exporter.http.web_config": {"verl_exporter.config.yaml_files"}}
+    assert _cycle(_packages(graph)) == ["verl_exporter.config", "verl_exporter.http", "verl_exporter.config"]

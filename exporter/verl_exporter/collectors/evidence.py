@@ -10,22 +10,27 @@ Only runs with evidence have series (at most the 32 latest); the frame only wher
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Mapping, Protocol
 
 from prometheus_client.core import Metric
 
 from verl_exporter.collectors import Collector
+from verl_exporter.store.records import RunKey
 
 from .. import schema
 
-if TYPE_CHECKING:
-    from verl_exporter.forensics import Forensics
+
+class Captures(Protocol):
+    """What the collector reads of ``forensics.Forensics`` (which uses the collectors: no import back)."""
+
+    @property
+    def captured(self) -> Mapping[RunKey, tuple[float, str]]: ...
 
 
 class EvidenceCollector(Collector):
     """Reads ``forensics.captured`` (run -> (time, top frame)) at scrape time."""
 
-    def __init__(self, forensics: Forensics):
+    def __init__(self, forensics: Captures):
         self.forensics = forensics
 
     def describe(self) -> Iterable[Metric]:
