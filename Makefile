@@ -69,9 +69,11 @@ bench: install tools
 # runbook_url is RUNBOOK_URL#anchor: by default the exporter's own /runbook; set it to where the
 # runbook is hosted, e.g. make generate RUNBOOK_URL=https://wiki.example/verl/RUNBOOK.md
 RUNBOOK_URL ?= http://localhost:9945/runbook
+# Every alert's dashboard_url opens a shipped dashboard (the run's, the node's or the fleet's) in this Grafana.
+DASHBOARD_URL ?= http://localhost:3000
 generate: install
 	PYTHONPATH=grafana $(PY) -m verl_dashboards
-	$(PY) -m verl_exporter.alerting --runbook-url '$(RUNBOOK_URL)'
+	$(PY) -m verl_exporter.alerting --runbook-url '$(RUNBOOK_URL)' --dashboard-url '$(DASHBOARD_URL)'
 
 # Regenerate tests/fixtures/verl/ with each verl release's own code (not part of `make test`).
 # Installs the releases from PyPI under /tmp/verl-fixtures; RELEASES="0.9.1 0.6.1" for some.

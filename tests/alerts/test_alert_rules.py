@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parent
 TEST_FILES = sorted(TESTS.glob("*.test.yml"))
 RULE_FILES = shipped.alert_rule_files()
 RECORDING_RULES = shipped.recording_rules_file()
-ANNOTATIONS = {"summary", "description", "runbook_url", "fix"}
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url", "fix"}
 # Alerts on a state, not a number: their description names the state from the labels instead.
 STATE_ALERTS = {"VerlGpuRowRemapFailure", "VerlGpuLost", "VerlGpuThrottled", "VerlTrainingJobExited",
                 "VerlExporterDown", "VerlExporterCollectorFailing", "VerlExporterSourceUnreadable"}

@@ -111,3 +111,35 @@ def test_the_runbook_is_markdown_behind_the_same_auth_as_metrics():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_every_alert_links_a_shipped_dashboard_with_its_variables_filled():
+    """dashboard_url: the run's dashboard where the alert names a run, the node's (and GPU's) where it
+    names a node, else the fleet's; each link names a shipped dashboard's uid and only its variables."""
+    dashboards = {data["uid"]: data for data in (yaml.safe_load(path.read_text())
+                                                 for path in (REPO / "grafana" / "dashboards").glob("*.json"))}
+    groups = [group for path in shipped.rule_files() for group in yaml.safe_load(path.read_text())["groups"]]
+    links = {rule["annotations"]["dashboard_url"] for group in groups for rule in group["rules"] if "alert" in rule}
+    assert len(links) == 1 and sum("alert" in rule for group in groups for rule in group["rules"]) >= 80
+    template = links.pop()
+    assert template == render.dashboard_link(render.DEFAULT_DASHBOARD_URL)
+    targets = re.findall(r"http://localhost:3000/d/([\w-]+)/[\w-]+\??((?:[&?]?var-[\w]+=\{\{[^}]+\}\})*)", template)
+    assert [uid for uid, _ in targets] == ["verl-run", "verl-gpu", "verl-fleet"]
+    for uid, query in targets:
+        variables = {entry["name"] for entry in dashboards[uid]["templating"]["list"]}
+        named = set(re.findall(r"var-(\w+)=", query))
+        assert named <= variables, f"{uid}: {named - variables} are no variables of the dashboard"
+    assert set(re.findall(r"var-(\w+)=\{\{ \$labels\.(\w+) \| urlquery \}\}", template)) == {
+        ("project", "project"), ("experiment", "experiment"), ("user", "user"), ("instance", "instance"),
+        ("gpu", "gpu"), ("team", "team")}
+
+
+def test_another_grafana_reaches_every_alert_and_the_prometheusrule():
+    base = "https://grafana.example/"
+    groups = [group for text in render.rule_files(dashboard_url=base).values()
+              for group in yaml.safe_load(text)["groups"]]
+    links = {rule["annotations"]["dashboard_url"] for group in groups for rule in group["rules"] if "alert" in rule}
+    assert links == {render.dashboard_link("https://grafana.example")}
+    assert "localhost:3000" not in links.pop()
+    assert "https://grafana.example/d/verl-run/" in kubernetes.prometheus_rule(dashboard_url=base)
+    assert set(stale_files(REPO, dashboard_url=base)) >= {render.RULES_DIR / "verl-training.rules.yml"}

@@ -20,19 +20,22 @@ COMMENT = (
 )
 
 
-def rule_groups(runbook_url: str = render.DEFAULT_RUNBOOK_URL) -> list[dict]:
+def rule_groups(runbook_url: str = render.DEFAULT_RUNBOOK_URL,
+                dashboard_url: str = render.DEFAULT_DASHBOARD_URL) -> list[dict]:
     """The rule groups, in the order a PrometheusRule lists them."""
-    files = render.rule_files(runbook_url=runbook_url)
+    files = render.rule_files(runbook_url=runbook_url, dashboard_url=dashboard_url)
     groups = [group for name in sorted(files) for group in yaml.safe_load(files[name])["groups"]]
     return groups + yaml.safe_load(render.recording_rules())["groups"]
 
 
-def prometheus_rule(runbook_url: str = render.DEFAULT_RUNBOOK_URL) -> str:
-    """The PrometheusRule manifest's text; each alert's ``runbook_url`` is ``runbook_url#anchor``."""
+def prometheus_rule(runbook_url: str = render.DEFAULT_RUNBOOK_URL,
+                    dashboard_url: str = render.DEFAULT_DASHBOARD_URL) -> str:
+    """The PrometheusRule manifest's text; each alert's ``runbook_url`` is ``runbook_url#anchor``, its
+    ``dashboard_url`` under ``dashboard_url``."""
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME}},
-        "spec": {"groups": rule_groups(runbook_url)},
+        "spec": {"groups": rule_groups(runbook_url, dashboard_url)},
     }
     return COMMENT + render.dump(manifest)

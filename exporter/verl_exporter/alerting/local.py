@@ -22,11 +22,14 @@ SLACK_PATHS = {"slack-alerts": "/slack/alerts", "slack-low-priority": "/slack/lo
 
 
 def write_rules(directory: Path, *, time_scale: float = 1.0, min_range: float = 0.0,
-                runbook_url: str = render.DEFAULT_RUNBOOK_URL) -> list[Path]:
+                runbook_url: str = render.DEFAULT_RUNBOOK_URL,
+                dashboard_url: str = render.DEFAULT_DASHBOARD_URL) -> list[Path]:
     """The alert and recording rules, durations scaled by ``time_scale``, written to ``directory``;
-    every ``runbook_url`` under ``runbook_url`` (the demo's exporter serves it)."""
+    every ``runbook_url`` under ``runbook_url`` (the demo's exporter serves it), every ``dashboard_url``
+    under ``dashboard_url``."""
     directory.mkdir(parents=True, exist_ok=True)
-    texts = render.rule_files(time_scale=time_scale, min_range=min_range, runbook_url=runbook_url)
+    texts = render.rule_files(time_scale=time_scale, min_range=min_range, runbook_url=runbook_url,
+                              dashboard_url=dashboard_url)
     texts[render.RECORDING_RULES_FILE] = render.recording_rules(time_scale=time_scale, min_range=min_range)
     paths = []
     for name, text in texts.items():

@@ -46,6 +46,18 @@ FRAGMENTS = model.fragments(model, settings, training, mismatch, replay_buffer, 
 DEFAULT_RUNBOOK_URL = "http://localhost:9945/runbook"
 # What the exporter that raised the alert captured when the run stopped (stacks, log tail, errors,
 # GPUs); https where its web config turns TLS on, behind the same basic auth as /metrics.
+# Base of every dashboard_url: the Grafana that shows the shipped dashboards (the compose stack's by
+# default); render with --dashboard-url (`make generate DASHBOARD_URL=...`) where Grafana is elsewhere.
+DEFAULT_DASHBOARD_URL = "http://localhost:3000"
+# The dashboard an alert's labels point at, with its variables filled: a run's own dashboard where the
+# alert names a run, the GPU dashboard of the node (and GPU) where it names one, else the fleet's.
+DASHBOARD_LINK = (
+    "{{ if $labels.experiment }}BASE/d/verl-run/run-detail?var-project={{ $labels.project | urlquery }}"
+    "&var-experiment={{ $labels.experiment | urlquery }}&var-user={{ $labels.user | urlquery }}"
+    "{{ else if $labels.instance }}BASE/d/verl-gpu/gpu-nodes?var-instance={{ $labels.instance | urlquery }}"
+    "{{ if $labels.gpu }}&var-gpu={{ $labels.gpu | urlquery }}{{ end }}"
+    "{{ else }}BASE/d/verl-fleet/fleet-overview{{ if $labels.team }}?var-team={{ $labels.team | urlquery }}{{ end }}"
+    "{{ end }}")
 EVIDENCE_URL = ("http://{{ $labels.instance }}/debug/evidence?project={{ $labels.project | urlquery }}"
                 "&experiment={{ $labels.experiment | urlquery }}&user={{ $labels.user | urlquery }}")
 RECORDING_RULES_FILE = "recording-rules.yml"
@@ -122,8 +134,13 @@ def layout(expr: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dashboard_link(base: str) -> str:
+    """The ``dashboard_url`` annotation of every alert, its dashboards under Grafana's ``base``."""
+    return DASHBOARD_LINK.replace("BASE", base.rstrip("/"))
+
+
 def rule(alert: Alert, group: Group, catalog: Catalog, time_scale: float, min_range: float,
-         runbook_url: str = DEFAULT_RUNBOOK_URL) -> dict:
+         runbook_url: str = DEFAULT_RUNBOOK_URL, dashboard_url: str = DEFAULT_DASHBOARD_URL) -> dict:
     expr = scale_expr(filled(full_expr(alert, group), catalog), time_scale, min_range)
     entry = {"alert": alert.name, "expr": layout(expr)}
     if parse_duration(alert.for_):
@@ -134,6 +151,7 @@ def rule(alert: Alert, group: Group, catalog: Catalog, time_scale: float, min_ra
             "summary": filled(alert.summary, catalog),
             "description": filled(alert.description, catalog),
             "runbook_url": f"{runbook_url}#{anchor(alert)}",
+            "dashboard_url": dashboard_link(dashboard_url),
             "fix": filled(alert.fix, catalog),
         } | ({"evidence": EVIDENCE_URL} if alert.evidence else {}),
     }
@@ -156,17 +174,18 @@ def dump(data: dict) -> str:
 
 
 def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_range: float = 0.0,
-               runbook_url: str = DEFAULT_RUNBOOK_URL) -> dict[str, str]:
+               runbook_url: str = DEFAULT_RUNBOOK_URL, dashboard_url: str = DEFAULT_DASHBOARD_URL) -> dict[str, str]:
     """Rule file name -> YAML text. With ``time_scale`` every ``for``, range and offset is scaled
     (ranges and offsets to at least ``min_range`` seconds); thresholds are not. Each alert's
-    ``runbook_url`` is ``runbook_url#anchor``."""
+    ``runbook_url`` is ``runbook_url#anchor``, its ``dashboard_url`` a dashboard under ``dashboard_url``."""
     catalog = catalog or default_catalog()
     files: dict[str, dict] = {}
     for recording in settings.recording_groups():
         _fill_recording(recording, catalog, time_scale, min_range)
         files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(recording, time_scale))
     for group in GROUPS:
-        rules = [rule(alert, group, catalog, time_scale, min_range, runbook_url) for alert in group.alerts]
+        rules = [rule(alert, group, catalog, time_scale, min_range, runbook_url, dashboard_url)
+                 for alert in group.alerts]
         entry = {"name": group.name, "interval": group.interval, "rules": rules}
         files.setdefault(group.file, {"groups": []})["groups"].append(with_interval(entry, time_scale))
     statistics = model.step_statistics_group()
