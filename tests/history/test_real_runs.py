@@ -5,9 +5,24 @@ errors say."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from real_runs import FOLDERS, GPUS, VERDICTS, VERDICTS_OF, available_runs, log_files, replay_files, require_run
+import replay_pool
+from real_runs import (
+    FOLDER_OF,
+    FOLDERS,
+    GPUS,
+    VERDICTS,
+    VERDICTS_OF,
+    Replayed,
+    available_runs,
+    log_files,
+    replay_files,
+    require_run,
+)
+from servers import require_binary
 from verl_exporter.history import goodput
 
 VERDICT_KINDS = {"healthy", "failing", "degraded", "short", "no-steps"}
@@ -42,12 +57,27 @@ def assert_ledger(run: str, expected: dict, replayed) -> None:
         assert ledger.diagnosis_step is not None and ledger.diagnosis_step <= expected["diagnosis"]["by_step"]
 
 
+def background_replays(root: Path) -> dict[str, tuple]:
+    """Every real run beside the checkout, for ``replay_pool`` to replay beside the session's other tests."""
+    require_binary("prometheus"), require_binary("promtool")
+    planned = {}
+    for run in sorted(VERDICTS):
+        if FOLDER_OF[run].is_dir() and (FOLDER_OF[run] / run).is_dir() and not VERDICTS[run].get("pending"):
+            (root / run).mkdir()
+            planned[run] = (replay_files, (log_files(run), root / run, GPUS.get(run, 0.0)))
+    return planned
+
+
+@pytest.fixture(scope="module")
+def replays() -> dict[str, Replayed]:
+    return replay_pool.results(__name__)
+
+
 @pytest.mark.parametrize("run", sorted(VERDICTS))
-def test_real_run_replays_to_its_verdict(tmp_path, run):
+def test_real_run_replays_to_its_verdict(replays, run):
     require_run(run)
     entry = VERDICTS[run]
-    files = log_files(run)
-    replayed = replay_files(files, tmp_path, gpus=GPUS.get(run, 0.0))
+    replayed = replays[run]
     fired = replayed.fired
     assert_ledger(run, entry.get("ledger") or {}, replayed)
     if entry["verdict"] == "no-steps":

@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_tempo_runs import GRACE, TEMPOS, WORKERS, Episode, assert_once, failure_name, first_firing, replay_at
+from test_tempo_runs import GRACE, TEMPOS, Episode, assert_once, failure_name, first_firing, replay_at
 
+import replay_pool
 from real_runs import FOLDER_OF, REAL_RUNS, VERDICTS, log_files
 from regimes import TRANSFORMS, read_run, resume_point, write_run, write_transformed
 from reported_failures import FAILURES, write_failure
@@ -72,36 +72,48 @@ def _keys(names: list[str]) -> list[tuple[str, str, str]]:
     return keys
 
 
-@pytest.fixture(scope="module")
-def regimes(tmp_path_factory) -> dict[tuple[str, str, str], list[Episode]]:
-    if not shutil.which("prometheus") or not shutil.which("promtool"):
-        pytest.skip("prometheus and promtool are needed (make test installs them)")
-    root = tmp_path_factory.mktemp("regimes")
+def _sources(root: Path) -> dict[str, str]:
+    """Name -> log file of every real run that logged steps and of every rebuilt failure (written under ``root``)."""
     sources = {name: file for name, (_, file) in _real_cases().items()}
     for failure in FAILURES:
         if (REAL_RUNS / failure.base).is_dir():
             log = root / "failures" / failure_name(failure).replace(":", "-").replace("#", "").replace(",", "")
-            log.parent.mkdir(parents=True, exist_ok=True)
-            write_failure(failure, log)
+            if not log.is_file():
+                log.parent.mkdir(parents=True, exist_ok=True)
+                write_failure(failure, log)
             sources[failure_name(failure)] = str(log)
+    return sources
+
+
+def background_replays(root: Path) -> dict[tuple[str, str, str], tuple]:
+    """Each run in each regime at its tempos, for ``replay_pool`` to run beside the session's other tests."""
+    if not shutil.which("prometheus") or not shutil.which("promtool"):
+        pytest.skip("prometheus and promtool are needed (make test installs them)")
+    sources = _sources(root)
     if not sources:
         pytest.skip("no real-run logs beside the checkout")
-    keys = _keys(sorted(sources))
-    logs, work = [], []
-    for index, (name, transform, _) in enumerate(keys):
+    planned = {}
+    for index, (name, transform, tempo) in enumerate(_keys(sorted(sources))):
         log = root / f"{index}-{transform}" / "console.log"
         log.parent.mkdir()
         write_transformed(name, transform, sources[name], log)
-        logs.append((str(log),))
-        work.append(str(log.parent))
-    with ProcessPoolExecutor(WORKERS) as pool:
-        replayed = pool.map(replay_at, logs, [TEMPOS[tempo] for _, _, tempo in keys], work)
-        results = {key: replay.episodes for key, replay in zip(keys, replayed)}
+        planned[name, transform, tempo] = (episodes_at, ((str(log),), TEMPOS[tempo], str(log.parent)))
+    return planned
+
+
+def episodes_at(files: tuple[str, ...], tempo: float, workdir: str) -> list[Episode]:
+    return replay_at(files, tempo, workdir).episodes
+
+
+@pytest.fixture(scope="module")
+def regimes(tmp_path_factory) -> dict[tuple[str, str, str], list[Episode]]:
+    results = replay_pool.results(__name__)
     if REPORT:
         Path(REPORT).write_text(json.dumps(
             [{"run": name, "regime": transform, "tempo": tempo,
               "episodes": [[e.alert, e.severity, e.first, e.last] for e in episodes]}
              for (name, transform, tempo), episodes in results.items()], indent=1), encoding="utf-8")
+    sources = _sources(tmp_path_factory.mktemp("regimes"))
     results["resume points"] = {name: resume_point(read_run(file)) for name, file in sources.items()}  # type: ignore
     return results
 

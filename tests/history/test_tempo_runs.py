@@ -9,18 +9,18 @@ At every tempo:
   the failure (``onset`` in tests/history/real_runs*.yml; a rebuilt failure's first changed step);
 - no alert re-fires within ``REFIRE`` steps of its last episode (one incident, one notification).
 
-The replays run in worker processes, two at a time, once for the module.
+The replays run once for the session, in the background (``replay_pool``), while other tests run.
 """
 
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import replay_pool
 from real_runs import FOLDER_OF, GPUS, REAL_RUNS, VERDICTS, log_files
 from reported_failures import FAILURES, Failure, write_failure
 from verl_exporter.history import backfill, goodput, replay
@@ -28,7 +28,6 @@ from verl_exporter.history import backfill, goodput, replay
 TEMPOS = {"30s": 30.0, "5m": 300.0, "40m": 2400.0}
 GRACE = 5  # steps from the onset to the first firing
 REFIRE = 10  # steps an alert stays quiet after an episode before it may fire again
-WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,10 @@ def failure_name(failure: Failure) -> str:
     return "failure:" + failure.issue.split(":")[0]
 
 
-@pytest.fixture(scope="module")
-def replays(tmp_path_factory) -> dict[tuple[str, str], Replay]:
+def background_replays(root: Path) -> dict[tuple[str, str], tuple]:
+    """Every case at every tempo, for ``replay_pool`` to run beside the session's other tests."""
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         pytest.skip("prometheus and promtool are needed (make test installs them)")
-    root = tmp_path_factory.mktemp("tempo")
     jobs = dict(cases())
     for failure in FAILURES:
         if (REAL_RUNS / failure.base).is_dir():
@@ -106,16 +104,18 @@ def replays(tmp_path_factory) -> dict[tuple[str, str], Replay]:
             jobs[failure_name(failure)] = (str(log),)
     if not jobs:
         pytest.skip("no real-run logs beside the checkout")
-    keys = [(name, tempo) for name in jobs for tempo in TEMPOS]
-    work = [root / f"work-{index}" for index in range(len(keys))]
-    for folder in work:
-        folder.mkdir()
     bases = {failure_name(failure): failure.base for failure in FAILURES}
-    with ProcessPoolExecutor(WORKERS) as pool:
-        results = pool.map(replay_at, [jobs[name] for name, _ in keys], [TEMPOS[tempo] for _, tempo in keys],
-                           [str(folder) for folder in work],
-                           [GPUS.get(bases.get(name, name), 0.0) for name, _ in keys])
-        return dict(zip(keys, results))
+    planned = {}
+    for index, (name, tempo) in enumerate((name, tempo) for name in jobs for tempo in TEMPOS):
+        work = root / f"work-{index}"
+        work.mkdir()
+        planned[name, tempo] = (replay_at, (jobs[name], TEMPOS[tempo], str(work), GPUS.get(bases.get(name, name), 0.0)))
+    return planned
+
+
+@pytest.fixture(scope="module")
+def replays() -> dict[tuple[str, str], Replay]:
+    return replay_pool.results(__name__)
 
 
 def replay_of(replays: dict, name: str, tempo: str) -> Replay:
