@@ -89,6 +89,11 @@ def spec(name: str) -> MetricSpec:
     return default_catalog().by_name(name)
 
 
+def threshold(name: str, key: str) -> str:
+    """A catalogued metric's threshold ``key`` as a panel's text writes it (``0.05``): the alert's number."""
+    return f"{spec(name).thresholds[key]:g}"
+
+
 def unit_of(name: str) -> str:
     """Grafana unit of a catalogued metric."""
     return UNITS[spec(name).unit]

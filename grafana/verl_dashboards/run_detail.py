@@ -43,6 +43,7 @@ from .common import (
     spec,
     stat_panel,
     steps,
+    threshold,
     thresholds,
     timeseries_panel,
     to_json,
@@ -110,10 +111,12 @@ def progress_row(dash: db.Dashboard) -> None:
 def policy_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("Policy update"))
     dash.with_panel(metric_panel("verl_actor_pg_loss", "Policy loss (pg_loss)", RUN))
+    aggressive = threshold("verl_actor_pg_clipfrac", "aggressive")
+    too_large = threshold("verl_actor_ppo_kl", "too_large")
     dash.with_panel(metric_panel("verl_actor_pg_clipfrac", "Clip fraction (pg_clipfrac)", RUN,
-                                 extra="Above 0.5: updates too aggressive (learning rate too high)."))
+                                 extra=f"Above {aggressive}: updates too aggressive (learning rate too high)."))
     dash.with_panel(metric_panel("verl_actor_ppo_kl", "Policy change (ppo_kl)", RUN,
-                                 extra="Above 0.05: the policy moves too far per update."))
+                                 extra=f"Above {too_large}: the policy moves too far per update."))
     dash.with_panel(metric_panel("verl_actor_entropy", "Entropy", RUN,
                                  extra="Falling to about 0 quickly means the policy collapsed (explores no more)."))
     dash.with_panel(metric_panel("verl_actor_grad_norm", "Actor gradient norm", RUN, width=8,
@@ -126,8 +129,10 @@ def critic_row(dash: db.Dashboard) -> None:
     dash.with_row(db.Row("Critic quality (PPO)"))
     note = "PPO only: GRPO has no critic."
     dash.with_panel(metric_panel("verl_critic_vf_loss", "Value loss (vf_loss)", RUN, extra=note))
+    good, negative = (threshold("verl_critic_vf_explained_var", key) for key in ("good", "negative"))
     dash.with_panel(metric_panel("verl_critic_vf_explained_var", "Explained variance", RUN,
-                                 extra="Above 0.7 is a good critic; below 0 after warm-up it is not learning."))
+                                 extra=f"Above {good} is a good critic; below {negative} after warm-up it is"
+                                       " not learning."))
     dash.with_panel(several(["verl_critic_vpred_mean", "verl_critic_returns_mean"], "Predicted value vs returns",
                             extra="The two lines should converge; a lasting gap means the critic underfits."))
     dash.with_panel(metric_panel("verl_critic_vf_clipfrac", "Value clip fraction", RUN, extra=note))

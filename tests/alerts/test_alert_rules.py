@@ -182,7 +182,8 @@ def test_rules_follow_a_changed_catalog_threshold():
     catalog = default_catalog()
     spec = catalog.spec("actor/pg_clipfrac")
     changed = dataclasses.replace(spec, thresholds={**spec.thresholds, "aggressive": 0.66})
-    other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families)
+    other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families, catalog.system,
+                    catalog.settings, catalog.rules)
     groups = yaml.safe_load(render.rule_files(other)["verl-training.rules.yml"])["groups"]
     rule = next(r for g in groups for r in g["rules"] if r.get("alert") == "VerlPolicyUpdateAggressive")
     assert rule["expr"].startswith("((run:verl_actor_pg_clipfrac:recent_min > 0.66)"
@@ -307,3 +308,24 @@ def test_each_step_statistic_an_alert_reads_is_recorded_once_and_read_raw_by_rec
         assert re.fullmatch(r'(max|min) without\(metric\) \(verl_training_[a-z_]+\{metric=~?"[^"]+"\}\)',
                             entry["expr"].strip()), entry
         assert entry["record"].endswith(":" + re.search(r"verl_training_([a-z_]+)\{", entry["expr"]).group(1))
+
+
+def test_every_number_of_the_catalogs_rule_tables_reaches_the_rules():
+    """Each number of the catalog's ``rules`` tables and ``system`` section, changed there, is what the
+    rendered rules say: none is copied into the rule code."""
+    catalog = default_catalog()
+    sentinels: dict[tuple[str, str], str] = {}
+    tables = {table: dict(values) for table, values in catalog.rules.items()}
+    system = dict(catalog.system)
+    for index, (table, name) in enumerate([(table, name) for table, values in tables.items() for name in values]
+                                          + [("system", name) for name in system]):
+        value = 7000 + index + 0.25
+        (system if table == "system" else tables[table])[name] = value
+        sentinels[table, name] = f"{value:g}"
+    other = Catalog(catalog.metrics, catalog.families, system, catalog.settings, tables)
+    text = "\n".join(render.rule_files(other).values()) + render.recording_rules(other)
+    missing = sorted(f"{table}:{name}" for (table, name), sentinel in sentinels.items()
+                     if not re.search(rf"(?<![\d.]){re.escape(sentinel)}(?![\d])", text))
+    # Two colour the dashboards red and judge nothing (tests/dashboards/test_system_thresholds.py).
+    assert missing == ["system:gpu_critical_celsius", "system:host_memory_used_critical"], missing
+    assert len(sentinels) > 35

@@ -42,3 +42,29 @@ def test_host_memory_panel_turns_orange_where_the_alert_fires():
     for panel in found:
         assert colour_steps(panel)[0] == 1 - SYSTEM["host_memory_available_min"], panel["title"]
     assert f"< {SYSTEM['host_memory_available_min']}" in alert_expr("VerlHostMemoryNearlyFull")
+
+
+def test_panel_texts_quote_the_catalogs_thresholds_and_follow_a_change(monkeypatch):
+    """The run dashboard's texts that name an alert's threshold take it from the catalog: changed
+    there, the text follows (as the rule does: test_rules_follow_a_changed_catalog_threshold)."""
+    import dataclasses
+
+    from verl_dashboards import common, run_detail
+
+    def descriptions() -> str:
+        return "\n".join(panel.get("description", "") for panel in panels(run_detail.build()))
+
+    assert "Above 0.5: updates too aggressive" in descriptions()
+    catalog = default_catalog()
+    changed = {"actor/pg_clipfrac": {"aggressive": 0.61}, "actor/ppo_kl": {"too_large": 0.07},
+               "critic/vf_explained_var": {"good": 0.77, "negative": -0.1}}
+    specs = {key: dataclasses.replace(catalog.spec(key), thresholds={**catalog.spec(key).thresholds, **values})
+             for key, values in changed.items()}
+    by_name = {spec.name: spec for spec in specs.values()}
+    original = common.spec
+    monkeypatch.setattr(common, "spec", lambda name: by_name.get(name) or original(name))
+    text = descriptions()
+    for expected in ("Above 0.61: updates too aggressive", "Above 0.07: the policy moves too far",
+                     "Above 0.77 is a good critic; below -0.1 after warm-up"):
+        assert expected in text
+    assert "Above 0.5:" not in text and "Above 0.05:" not in text and "Above 0.7 " not in text

@@ -21,37 +21,10 @@ from verl_exporter.store.step_windows import LONG
 
 from .model import Alert, Group, steps, sub
 
-THRESHOLDS = {
-    "spike_zscore": 6.0,   # a spike: this many standard deviations of the steps before above their mean
-    "spike_change": 1.0,   # ... and up by more than this share of that mean (1: doubled)
-    "shift_zscore": 4.0,   # a lasting shift (collapse, rise)
-    "drop_change": 0.5,    # a collapse: down by more than this share of that mean
-}
-# Floors of the standard deviation of the steps before, in the metric's unit (about its healthy noise).
-FLOORS = {
-    "verl_actor_grad_norm": 0.01,
-    "verl_actor_ppo_kl": 0.001,  # verl before 0.5 prints 3 decimals: 0.000 to 0.001 is no spike
-    "verl_actor_pg_loss": 0.05,  # healthy runs move it by up to 0.06 for hours while they learn
-    "verl_critic_vf_loss": 0.05,  # healthy critics move it by 0.05-0.1 from step to step
-    "verl_critic_score_mean": 0.01,
-    "verl_critic_rewards_mean": 0.01,
-    "verl_rollout_spec_accept_rate": 0.02,  # acceptance moves by a point or two from batch to batch
-    "verl_rollout_moe_max_vio_max": 0.05,  # the most overloaded expert's excess load moves by a few percent
-}
-# Slow trends: the last 10 steps against the run's first 10 (entropy), or against its first 10 and the
-# 10 steps before the last 10 (lengths).
-THRESHOLDS |= {
-    "entropy_rise_ratio": 1.5,   # VerlEntropyRising: each of the last 3 steps over its first 10 steps' median
-    "entropy_rise_min": 0.05,    # ... and above it by at least this much (a collapsed 2e-4 may double)
-    "length_drop_ratio": 0.5,    # VerlResponseLengthCollapsed: each of the last 3 steps under this share of before
-    "length_rise_ratio": 2.0,    # VerlResponseLengthExploded: ... over this multiple
-}
-# The standard error of the difference of two means of LONG steps, in standard deviations of one step.
-THRESHOLDS["long_gain_stderr"] = round(math.sqrt(2 / LONG), 4)
-EXTRA = {"anomaly": THRESHOLDS}
-
-
-THRESHOLDS |= {f"floor_{metric.removeprefix('verl_')}": floor for metric, floor in FLOORS.items()}
+# Its numbers are the catalog's table ``rules.anomaly`` (``${anomaly:spike_zscore}``, ``${anomaly:floor_<metric>}``).
+# The standard error of the difference of two means of LONG steps, in standard deviations of one step:
+# a consequence of LONG, not a choice.
+EXTRA = {"anomaly": {"long_gain_stderr": round(math.sqrt(2 / LONG), 4)}}
 
 
 def floor(metric: str) -> str:

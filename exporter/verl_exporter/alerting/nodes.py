@@ -27,6 +27,8 @@ shared node too.
 
 from __future__ import annotations
 
+from verl_exporter.store.catalog import default_catalog
+
 from . import fleet
 from .model import run_query, sub
 
@@ -61,14 +63,8 @@ RUN_GPU_BUSY = "run_gpu:verl_gpu_utilization_ratio:avg10m"
 RUN_NODE_BUSY = "run_instance:verl_gpu_utilization_ratio:avg10m"
 # Per run: the median of its GPUs' figure above (a FIGURES row).
 RUN_MEDIAN_BUSY = "project_experiment:verl_gpu_utilization_ratio:median10m"
-THRESHOLDS = {
-    # A GPU is a straggler below this share of its run's median GPU utilisation ...
-    "straggler_ratio": 0.5,
-    # ... while that median is above this (a run that keeps its GPUs busy; an input-bound run whose GPUs
-    # all idle is VerlGpusIdle's, and its spread says nothing).
-    "straggler_min_median": 0.3,
-}
-EXTRA = {"nodes": THRESHOLDS}
+# Its numbers are the catalog's table ``rules.nodes`` (``${nodes:NAME}``).
+THRESHOLDS = default_catalog().rules["nodes"]
 # Recorded first in the same group (system.py): one series per run that has gone without a step for
 # several times its usual step time.
 STALLED_RUNS = "project_experiment:verl_training_stalled:seconds"

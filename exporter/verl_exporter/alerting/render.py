@@ -10,6 +10,7 @@ demo that compress an hour of training into seconds.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import yaml
@@ -27,16 +28,20 @@ RULES_DIR = DATA / "rules"
 RUNBOOK_FILE = DATA / "RUNBOOK.md"
 GROUPS: tuple[Group, ...] = (training.GROUPS + mismatch.GROUPS + replay_buffer.GROUPS + system.GROUPS + gpus.GROUPS
                              + rollout.GROUPS + anomaly.GROUPS + goodput.GROUPS)
-EXTRA_THRESHOLDS = {
-    "system": default_catalog().system,
-    "setting": {spec.key: spec.default for spec in default_catalog().settings if spec.default is not None},
-    **anomaly.EXTRA,
-    **mismatch.EXTRA,
-    **goodput.EXTRA,
-    **rollout.EXTRA,
-    **nodes.EXTRA,
-    "hysteresis": model.HYSTERESIS,
-}
+
+
+@functools.lru_cache(maxsize=4)  # by the catalog object: every text of a rendering fills from the same
+def extra_thresholds(catalog: Catalog) -> dict[str, dict]:
+    """The tables of ``${table:name}``: the catalog's ``system``, its settings' defaults and its ``rules``
+    tables, and the numbers that follow from the definitions (anomaly's standard error, hysteresis)."""
+    tables: dict[str, dict] = {table: dict(values) for table, values in catalog.rules.items()}
+    for derived in (anomaly.EXTRA, mismatch.EXTRA, goodput.EXTRA):
+        for table, values in derived.items():
+            tables.setdefault(table, {}).update(values)
+    return {**tables, "system": catalog.system, "hysteresis": model.HYSTERESIS,
+            "setting": {spec.key: spec.default for spec in catalog.settings if spec.default is not None}}
+
+
 # ${NAME} in the definitions: the text constants of the definition modules.
 FRAGMENTS = model.fragments(model, settings, training, mismatch, replay_buffer, system, gpus, nodes, rollout, anomaly,
                             goodput)
@@ -92,7 +97,7 @@ def audiences() -> dict[str, str]:
 
 def filled(text: str, catalog: Catalog) -> str:
     """``text`` with its placeholders filled: fragments, catalog thresholds, the other tables."""
-    return fill(text, catalog, EXTRA_THRESHOLDS, FRAGMENTS)
+    return fill(text, catalog, extra_thresholds(catalog), FRAGMENTS)
 
 
 def anchor(alert: Alert) -> str:

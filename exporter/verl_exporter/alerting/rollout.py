@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 
+from verl_exporter.store.catalog import default_catalog
+
 from .model import PER_STEP_INTERVAL, Alert, Group, sub
 
 RATE = "5m"
@@ -41,11 +43,8 @@ ENGINE_PREEMPTIONS = ("sum ${BY_RUN} (rate(vllm:num_preemptions_total[${RATE}]))
 RUNNING, WAITING, KV_CACHE, GENERATION, PREEMPTIONS = (
     f"({expr}){TO_RUN}" for expr in (ENGINE_RUNNING, ENGINE_WAITING, ENGINE_KV_CACHE, ENGINE_GENERATION,
                                      ENGINE_PREEMPTIONS))
-THRESHOLDS = {
-    "kv_cache_saturated": 0.95,  # KV-cache usage from which new sequences wait or preempt others
-    "preemptions_per_second": 0.0,  # any preemption while generation dominates the step
-}
-EXTRA = {"rollout": THRESHOLDS}
+# Its numbers are the catalog's table ``rules.rollout`` (``${rollout:NAME}``).
+THRESHOLDS = default_catalog().rules["rollout"]
 
 RECORDED = {
     "project_experiment:verl_rollout_requests_running:sum": RUNNING,

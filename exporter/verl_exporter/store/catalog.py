@@ -151,11 +151,15 @@ class Catalog:
     _served_names: frozenset[str]  # set by served_names() on first use
 
     def __init__(self, metrics: list[MetricSpec], families: list[tuple[re.Pattern, MetricSpec]],
-                 system: dict[str, float] | None = None, settings: list[SettingSpec] | None = None):
+                 system: dict[str, float] | None = None, settings: list[SettingSpec] | None = None,
+                 rules: dict[str, dict[str, float]] | None = None):
         self.metrics = metrics = _share_names(metrics)
         self.families = families
         self.system = dict(system or {})  # thresholds of GPU, host and job metrics
         self.settings = list(settings or ())  # the run's settings served from its config
+        # Numbers of the rules that judge no single key, by table (``${anomaly:spike_zscore}``).
+        self.rules = {table: {name: float(value) for name, value in values.items()}
+                      for table, values in (rules or {}).items()}
         # Names served with labels: an unlisted key must not take one (its series would lack them).
         self._labelled = {spec.name for spec in metrics if spec.label_names} | {
             spec.name for _, spec in families if spec.label_names}
@@ -188,7 +192,8 @@ class Catalog:
             if not set(spec.limits) <= set(spec.label_names):
                 raise ValueError(f"catalog: limits of {spec.key!r} name a label it does not have")
             families.append((pattern, spec))
-        return cls(metrics, families, data.get("system"), _settings_from_yaml(data.get("settings") or {}))
+        return cls(metrics, families, data.get("system"), _settings_from_yaml(data.get("settings") or {}),
+                   data.get("rules"))
 
     def setting(self, key: str) -> SettingSpec:
         """The catalog's entry for a verl setting (newest spelling); KeyError if it is not listed."""
