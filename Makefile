@@ -17,15 +17,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers, and
-# VictoriaMetrics with vmagent and vmalert, from Debian.
+# promtool, amtool and the real Prometheus, Alertmanager and node_exporter servers, VictoriaMetrics with
+# vmagent and vmalert, and jsonnet (the mixin's tests), from Debian.
 tools:
 	@if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
 	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v prometheus-node-exporter >/dev/null \
-	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null; then \
-	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter and victoria-metrics"; \
+	    || ! command -v victoria-metrics >/dev/null || ! command -v vmagent >/dev/null || ! command -v vmalert >/dev/null \
+	    || ! command -v jsonnet >/dev/null; then \
+	  echo "installing Debian's prometheus, prometheus-alertmanager, prometheus-node-exporter, victoria-metrics and jsonnet"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics >/dev/null; \
+	    --no-install-recommends prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics jsonnet >/dev/null; \
 	fi
 
 # Slurm (slurmctld, slurmd, munge and the clients) from Debian, for the tests that start a one-node cluster.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from verl_exporter.store.catalog import Catalog, default_catalog
 
-from . import kubernetes, render
+from . import jsonnet, kubernetes, render
 
 
 def outputs(catalog: Catalog | None = None, runbook_url: str = render.DEFAULT_RUNBOOK_URL,
@@ -34,6 +34,7 @@ def outputs(catalog: Catalog | None = None, runbook_url: str = render.DEFAULT_RU
     files[render.RUNBOOK_FILE] = render.runbook(catalog)
     files[Path("docs/alerts.md")] = render.table(catalog)
     files[kubernetes.PROMETHEUS_RULE_FILE] = kubernetes.prometheus_rule(runbook_url, dashboard_url)
+    files.update(jsonnet.parts())  # the mixin's: its bases are its _config's, whatever these are
     return files
 
 
