@@ -7,7 +7,7 @@
         "rules": [
           {
             "alert": "VerlActorGradNormSpike",
-            "expr": "((run:verl_actor_grad_norm:recent_min and ((run:verl_actor_grad_norm:recent_min - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 6 and (run:verl_actor_grad_norm:recent_min - run:verl_actor_grad_norm:prior_mean) / clamp_min(abs(run:verl_actor_grad_norm:prior_mean), 0.01) > 1 and (run:verl_actor_grad_norm:window_median - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 0.5 * 6)) or (run:verl_actor_grad_norm:window_median and (run:verl_actor_grad_norm:window_median - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 0.5 * 6 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlActorGradNormSpike\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_grad_norm:recent_min\n    and\n    (\n      (run:verl_actor_grad_norm:recent_min - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 6\n      and\n      (run:verl_actor_grad_norm:recent_min - run:verl_actor_grad_norm:prior_mean) / clamp_min(abs(run:verl_actor_grad_norm:prior_mean), 0.01) > 1\n      and\n      (run:verl_actor_grad_norm:window_median - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_actor_grad_norm:window_median\n    and\n    (run:verl_actor_grad_norm:window_median - run:verl_actor_grad_norm:prior_mean) / clamp_min(run:verl_actor_grad_norm:prior_stddev, 0.01) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlActorGradNormSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -21,7 +21,7 @@
           },
           {
             "alert": "VerlPolicyKlSpike",
-            "expr": "((run:verl_actor_ppo_kl:recent_min and ((run:verl_actor_ppo_kl:recent_min - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 6 and (run:verl_actor_ppo_kl:recent_min - run:verl_actor_ppo_kl:prior_mean) / clamp_min(abs(run:verl_actor_ppo_kl:prior_mean), 0.001) > 1 and (run:verl_actor_ppo_kl:window_median - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 0.5 * 6)) or (run:verl_actor_ppo_kl:window_median and (run:verl_actor_ppo_kl:window_median - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 0.5 * 6 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPolicyKlSpike\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_ppo_kl:recent_min\n    and\n    (\n      (run:verl_actor_ppo_kl:recent_min - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 6\n      and\n      (run:verl_actor_ppo_kl:recent_min - run:verl_actor_ppo_kl:prior_mean) / clamp_min(abs(run:verl_actor_ppo_kl:prior_mean), 0.001) > 1\n      and\n      (run:verl_actor_ppo_kl:window_median - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_actor_ppo_kl:window_median\n    and\n    (run:verl_actor_ppo_kl:window_median - run:verl_actor_ppo_kl:prior_mean) / clamp_min(run:verl_actor_ppo_kl:prior_stddev, 0.001) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPolicyKlSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -35,7 +35,7 @@
           },
           {
             "alert": "VerlActorPgLossSpike",
-            "expr": "((run:verl_actor_pg_loss:window_median and ((run:verl_actor_pg_loss:recent_min - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05) > 6 or (run:verl_actor_pg_loss:recent_max - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05) < -6) and abs((run:verl_actor_pg_loss:window_median - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05)) > 0.5 * 6) or (run:verl_actor_pg_loss:window_median and abs((run:verl_actor_pg_loss:window_median - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05)) > 0.5 * 6 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlActorPgLossSpike\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_pg_loss:window_median\n    and\n    (\n      (run:verl_actor_pg_loss:recent_min - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05) > 6\n      or\n      (run:verl_actor_pg_loss:recent_max - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05) < -6\n    )\n    and\n    abs((run:verl_actor_pg_loss:window_median - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05)) > 0.5 * 6\n  )\n  or\n  (\n    run:verl_actor_pg_loss:window_median\n    and\n    abs((run:verl_actor_pg_loss:window_median - run:verl_actor_pg_loss:prior_mean) / clamp_min(run:verl_actor_pg_loss:prior_stddev, 0.05)) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlActorPgLossSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -49,7 +49,7 @@
           },
           {
             "alert": "VerlCriticVfLossSpike",
-            "expr": "((run:verl_critic_vf_loss:recent_min and ((run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 6 and (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(abs(run:verl_critic_vf_loss:prior_mean), 0.05) > 1 and (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6)) or (run:verl_critic_vf_loss:window_median and (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticVfLossSpike\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_loss:recent_min\n    and\n    (\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 6\n      and\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(abs(run:verl_critic_vf_loss:prior_mean), 0.05) > 1\n      and\n      (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_median\n    and\n    (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticVfLossSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -63,7 +63,7 @@
           },
           {
             "alert": "VerlScoreCollapsed",
-            "expr": "((run:verl_critic_score_mean:recent_max and ((run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:prior_mean) / clamp_min(run:verl_critic_score_mean:prior_stddev, 0.01) < -4 and (run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:prior_mean) / clamp_min(abs(run:verl_critic_score_mean:prior_mean), 0.01) < -0.5)) or (run:verl_critic_score_mean:window_median and (run:verl_critic_score_mean:best_window_mean - run:verl_critic_score_mean:window_median > 0.5 * clamp_min(abs(run:verl_critic_score_mean:best_window_mean), 0.01)) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlScoreCollapsed\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_score_mean:recent_max\n    and\n    (\n      (run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:prior_mean) / clamp_min(run:verl_critic_score_mean:prior_stddev, 0.01) < -4\n      and\n      (run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:prior_mean) / clamp_min(abs(run:verl_critic_score_mean:prior_mean), 0.01) < -0.5\n    )\n  )\n  or\n  (\n    run:verl_critic_score_mean:window_median\n    and\n    (\n      run:verl_critic_score_mean:best_window_mean - run:verl_critic_score_mean:window_median > 0.5 * clamp_min(abs(run:verl_critic_score_mean:best_window_mean), 0.01)\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlScoreCollapsed\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -77,7 +77,7 @@
           },
           {
             "alert": "VerlSpeculativeAcceptanceDropped",
-            "expr": "((run:verl_rollout_spec_accept_rate:recent_max and ((run:verl_rollout_spec_accept_rate:recent_max - run:verl_rollout_spec_accept_rate:prior_mean) / clamp_min(run:verl_rollout_spec_accept_rate:prior_stddev, 0.02) < -4 and (run:verl_rollout_spec_accept_rate:recent_max - run:verl_rollout_spec_accept_rate:prior_mean) / clamp_min(abs(run:verl_rollout_spec_accept_rate:prior_mean), 0.02) < -0.5)) or (run:verl_rollout_spec_accept_rate:window_median and (run:verl_rollout_spec_accept_rate:best_window_mean - run:verl_rollout_spec_accept_rate:window_median > 0.5 * clamp_min(abs(run:verl_rollout_spec_accept_rate:best_window_mean), 0.02)) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlSpeculativeAcceptanceDropped\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_rollout_spec_accept_rate:recent_max\n    and\n    (\n      (run:verl_rollout_spec_accept_rate:recent_max - run:verl_rollout_spec_accept_rate:prior_mean) / clamp_min(run:verl_rollout_spec_accept_rate:prior_stddev, 0.02) < -4\n      and\n      (run:verl_rollout_spec_accept_rate:recent_max - run:verl_rollout_spec_accept_rate:prior_mean) / clamp_min(abs(run:verl_rollout_spec_accept_rate:prior_mean), 0.02) < -0.5\n    )\n  )\n  or\n  (\n    run:verl_rollout_spec_accept_rate:window_median\n    and\n    (\n      run:verl_rollout_spec_accept_rate:best_window_mean - run:verl_rollout_spec_accept_rate:window_median > 0.5 * clamp_min(abs(run:verl_rollout_spec_accept_rate:best_window_mean), 0.02)\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlSpeculativeAcceptanceDropped\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -91,7 +91,7 @@
           },
           {
             "alert": "VerlMoeImbalanceSpike",
-            "expr": "((run:verl_rollout_moe_max_vio_max:recent_min and ((run:verl_rollout_moe_max_vio_max:recent_min - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 6 and (run:verl_rollout_moe_max_vio_max:recent_min - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(abs(run:verl_rollout_moe_max_vio_max:prior_mean), 0.05) > 1 and (run:verl_rollout_moe_max_vio_max:window_median - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 0.5 * 6)) or (run:verl_rollout_moe_max_vio_max:window_median and (run:verl_rollout_moe_max_vio_max:window_median - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 0.5 * 6 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlMoeImbalanceSpike\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_rollout_moe_max_vio_max:recent_min\n    and\n    (\n      (run:verl_rollout_moe_max_vio_max:recent_min - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 6\n      and\n      (run:verl_rollout_moe_max_vio_max:recent_min - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(abs(run:verl_rollout_moe_max_vio_max:prior_mean), 0.05) > 1\n      and\n      (run:verl_rollout_moe_max_vio_max:window_median - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_rollout_moe_max_vio_max:window_median\n    and\n    (run:verl_rollout_moe_max_vio_max:window_median - run:verl_rollout_moe_max_vio_max:prior_mean) / clamp_min(run:verl_rollout_moe_max_vio_max:prior_stddev, 0.05) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlMoeImbalanceSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -105,7 +105,7 @@
           },
           {
             "alert": "VerlRewardCollapsed",
-            "expr": "((run:verl_critic_rewards_mean:recent_max and ((run:verl_critic_rewards_mean:recent_max - run:verl_critic_rewards_mean:prior_mean) / clamp_min(run:verl_critic_rewards_mean:prior_stddev, 0.01) < -4 and (run:verl_critic_rewards_mean:recent_max - run:verl_critic_rewards_mean:prior_mean) / clamp_min(abs(run:verl_critic_rewards_mean:prior_mean), 0.01) < -0.5)) or (run:verl_critic_rewards_mean:window_median and (run:verl_critic_rewards_mean:best_window_mean - run:verl_critic_rewards_mean:window_median > 0.5 * clamp_min(abs(run:verl_critic_rewards_mean:best_window_mean), 0.01)) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRewardCollapsed\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_rewards_mean:recent_max\n    and\n    (\n      (run:verl_critic_rewards_mean:recent_max - run:verl_critic_rewards_mean:prior_mean) / clamp_min(run:verl_critic_rewards_mean:prior_stddev, 0.01) < -4\n      and\n      (run:verl_critic_rewards_mean:recent_max - run:verl_critic_rewards_mean:prior_mean) / clamp_min(abs(run:verl_critic_rewards_mean:prior_mean), 0.01) < -0.5\n    )\n  )\n  or\n  (\n    run:verl_critic_rewards_mean:window_median\n    and\n    (\n      run:verl_critic_rewards_mean:best_window_mean - run:verl_critic_rewards_mean:window_median > 0.5 * clamp_min(abs(run:verl_critic_rewards_mean:best_window_mean), 0.01)\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRewardCollapsed\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -119,7 +119,7 @@
           },
           {
             "alert": "VerlEntropyRising",
-            "expr": "((run:verl_actor_entropy:recent_min > 1.5 * run:verl_actor_entropy:early_median and run:verl_actor_entropy:recent_min - run:verl_actor_entropy:early_median > clamp_min(3 * run:verl_actor_entropy:early_mad, 0.05) or run:verl_actor_entropy:window_median > 1.5 * run:verl_actor_entropy:early_median and run:verl_actor_entropy:window_median - run:verl_actor_entropy:early_median > clamp_min(3 * run:verl_actor_entropy:early_mad, 0.05)) or (run:verl_actor_entropy:window_median > (1 + 1.5) * 0.5 * run:verl_actor_entropy:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlEntropyRising\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_entropy:recent_min > 1.5 * run:verl_actor_entropy:early_median\n    and\n    run:verl_actor_entropy:recent_min - run:verl_actor_entropy:early_median > clamp_min(3 * run:verl_actor_entropy:early_mad, 0.05)\n    or\n    run:verl_actor_entropy:window_median > 1.5 * run:verl_actor_entropy:early_median\n    and\n    run:verl_actor_entropy:window_median - run:verl_actor_entropy:early_median > clamp_min(3 * run:verl_actor_entropy:early_mad, 0.05)\n  )\n  or\n  (\n    run:verl_actor_entropy:window_median > (1 + 1.5) * 0.5 * run:verl_actor_entropy:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlEntropyRising\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -133,7 +133,7 @@
           },
           {
             "alert": "VerlResponseLengthCollapsed",
-            "expr": "(((run:verl_response_length_mean:recent_max < 0.5 * run:verl_response_length_mean:early_median or run:verl_response_length_mean:recent_max < 0.5 * run:verl_response_length_mean:prior_mean)) or (run:verl_response_length_mean:window_median < 0.5 * run:verl_response_length_mean:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlResponseLengthCollapsed\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    (\n      run:verl_response_length_mean:recent_max < 0.5 * run:verl_response_length_mean:early_median\n      or\n      run:verl_response_length_mean:recent_max < 0.5 * run:verl_response_length_mean:prior_mean\n    )\n  )\n  or\n  (\n    run:verl_response_length_mean:window_median < 0.5 * run:verl_response_length_mean:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlResponseLengthCollapsed\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -147,7 +147,7 @@
           },
           {
             "alert": "VerlResponseLengthExploded",
-            "expr": "(((run:verl_response_length_mean:recent_min > 2 * run:verl_response_length_mean:early_median and run:verl_response_length_clip_ratio:recent_min > 0.1 or run:verl_response_length_mean:recent_min > 2 * run:verl_response_length_mean:prior_mean)) or (run:verl_response_length_mean:window_median > 2 * run:verl_response_length_mean:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlResponseLengthExploded\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    (\n      run:verl_response_length_mean:recent_min > 2 * run:verl_response_length_mean:early_median\n      and\n      run:verl_response_length_clip_ratio:recent_min > 0.1\n      or\n      run:verl_response_length_mean:recent_min > 2 * run:verl_response_length_mean:prior_mean\n    )\n  )\n  or\n  (\n    run:verl_response_length_mean:window_median > 2 * run:verl_response_length_mean:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlResponseLengthExploded\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -166,7 +166,7 @@
         "rules": [
           {
             "alert": "VerlGpuFatalXidError",
-            "expr": "increase(verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"}[15m]) > 0\nor (verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} > 0 unless verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} offset 15m)\n",
+            "expr": "increase(verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"}[15m]) > 0\nor\n(\n  verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} > 0\n  unless\n  verl_gpu_xid_errors_total{xid=~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} offset 15m\n)\n",
             "labels": {
               "severity": "critical"
             },
@@ -180,7 +180,7 @@
           },
           {
             "alert": "VerlGpuXidError",
-            "expr": "increase(verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"}[15m]) > 0\nor (verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} > 0 unless verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} offset 15m)\n",
+            "expr": "increase(verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"}[15m]) > 0\nor\n(\n  verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} > 0\n  unless\n  verl_gpu_xid_errors_total{xid!~\"48|61|62|63|64|74|79|92|94|95|119|120|140\"} offset 15m\n)\n",
             "labels": {
               "severity": "warning"
             },
@@ -296,7 +296,7 @@
           },
           {
             "alert": "VerlGpusIdle",
-            "expr": "avg by (job, instance) (verl_gpu_utilization_ratio) < 0.1\nand on(job, instance) ((verl_job_running == 1) or (max by (job, instance) (verl_node_run_info and on(project, experiment, user, team) verl_training_finished == 0) unless on(job, instance) verl_job_running))\n",
+            "expr": "avg by (job, instance) (verl_gpu_utilization_ratio) < 0.1\nand on(job, instance)\n(\n  (verl_job_running == 1)\n  or\n  (\n    max by (job, instance) (verl_node_run_info and on(project, experiment, user, team) verl_training_finished == 0)\n    unless on(job, instance)\n    verl_job_running\n  )\n)\n",
             "for": "10m",
             "labels": {
               "severity": "warning"
@@ -311,7 +311,7 @@
           },
           {
             "alert": "VerlGpuStraggler",
-            "expr": "run_gpu:verl_gpu_utilization_ratio:avg10m < on(project, experiment, user, team) group_left() (0.5 * project_experiment:verl_gpu_utilization_ratio:median10m)\nand on(project, experiment, user, team) project_experiment:verl_gpu_utilization_ratio:median10m > 0.3\nand on(project, experiment, user, team) (group by (project, experiment, user, team) (verl_training_last_step_timestamp_seconds) unless on(project, experiment, user, team) project_experiment:verl_training_stalled:seconds)\n",
+            "expr": "run_gpu:verl_gpu_utilization_ratio:avg10m < on(project, experiment, user, team) group_left() (0.5 * project_experiment:verl_gpu_utilization_ratio:median10m)\nand on(project, experiment, user, team)\nproject_experiment:verl_gpu_utilization_ratio:median10m > 0.3\nand on(project, experiment, user, team)\n(\n  group by (project, experiment, user, team) (verl_training_last_step_timestamp_seconds)\n  unless on(project, experiment, user, team)\n  project_experiment:verl_training_stalled:seconds\n)\n",
             "for": "10m",
             "labels": {
               "severity": "warning"
@@ -346,7 +346,7 @@
         "rules": [
           {
             "alert": "VerlTrainingStalled",
-            "expr": "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds) > on(job, instance, project, experiment, user, team) (5 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) + on(job, instance, project, experiment, user, team) ((2 * run:verl_timing_testing_seconds:run_max >= on(job, instance, project, experiment, user, team) 20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) or 20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max)) and on(job, instance, project, experiment, user, team) ((verl_training_next_validation_step - on(job, instance, project, experiment, user, team) verl_training_last_step <= 2) or (verl_training_last_step unless on(job, instance, project, experiment, user, team) verl_training_next_validation_step unless on(job, instance, project, experiment, user, team) max without(key) (verl_run_config{key=\"trainer.test_freq\"}))) or 0 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max)))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\nunless on(job, instance, project, experiment, user, team) ((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) < on(job, instance, project, experiment, user, team) clamp_min(100 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max), 28800)\nunless on(job, instance) verl_job_running == 0\n",
+            "expr": "(timestamp(verl_training_last_step_timestamp_seconds) - verl_training_last_step_timestamp_seconds) > on(job, instance, project, experiment, user, team) (5 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) + on(job, instance, project, experiment, user, team) ((2 * run:verl_timing_testing_seconds:run_max >= on(job, instance, project, experiment, user, team) 20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) or 20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max)) and on(job, instance, project, experiment, user, team) ((verl_training_next_validation_step - on(job, instance, project, experiment, user, team) verl_training_last_step <= 2) or (verl_training_last_step unless on(job, instance, project, experiment, user, team) verl_training_next_validation_step unless on(job, instance, project, experiment, user, team) max without(key) (verl_run_config{key=\"trainer.test_freq\"}))) or 0 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max)))\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\nunless on(job, instance, project, experiment, user, team)\n((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) < on(job, instance, project, experiment, user, team) clamp_min(100 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max), 28800)\nunless on(job, instance)\nverl_job_running == 0\n",
             "for": "10m",
             "labels": {
               "severity": "critical"
@@ -362,7 +362,7 @@
           },
           {
             "alert": "VerlCheckpointSaveSlow",
-            "expr": "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) > on(job, instance, project, experiment, user, team) (20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) or on(job, instance, project, experiment, user, team) (0 * verl_checkpoint_saving + 3600))\nand on(job, instance, project, experiment, user, team) (((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) > on(job, instance, project, experiment, user, team) 3 * verl_checkpoint_last_save_duration_seconds or ((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) unless on(job, instance, project, experiment, user, team) verl_checkpoint_last_save_duration_seconds)\n",
+            "expr": "((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) > on(job, instance, project, experiment, user, team) (20 * (run:verl_timing_step_seconds:recent_max or run:verl_timing_step_seconds:run_max) or on(job, instance, project, experiment, user, team) (0 * verl_checkpoint_saving + 3600))\nand on(job, instance, project, experiment, user, team)\n(\n  ((timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds) and verl_checkpoint_saving == 1) > on(job, instance, project, experiment, user, team) 3 * verl_checkpoint_last_save_duration_seconds\n  or\n  (\n    (timestamp(verl_checkpoint_saving) - verl_checkpoint_save_started_timestamp_seconds)\n    and\n    verl_checkpoint_saving == 1\n  )\n  unless on(job, instance, project, experiment, user, team)\n  verl_checkpoint_last_save_duration_seconds\n)\n",
             "for": "5m",
             "labels": {
               "severity": "warning"
@@ -378,7 +378,7 @@
           },
           {
             "alert": "VerlTrainingJobCrashed",
-            "expr": "((verl_training_last_step < on(job, instance, project, experiment, user, team) verl_training_total_steps) unless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds)\nunless on(job, instance, project, experiment, user, team) verl_job_running == 1\nunless on(job, instance) verl_job_running{project=\"\"} == 1\nand on(job, instance) verl_job_running\nunless on(project, experiment, user, team) (verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds))\n",
+            "expr": "(\n  (verl_training_last_step < on(job, instance, project, experiment, user, team) verl_training_total_steps)\n  unless on(job, instance, project, experiment, user, team)\n  verl_training_finished_timestamp_seconds\n)\nunless on(job, instance, project, experiment, user, team)\nverl_job_running == 1\nunless on(job, instance)\nverl_job_running{project=\"\"} == 1\nand on(job, instance)\nverl_job_running\nunless on(project, experiment, user, team)\n(\n  verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds)\n)\n",
             "for": "2m",
             "labels": {
               "severity": "critical"
@@ -394,7 +394,7 @@
           },
           {
             "alert": "VerlTrainingJobExited",
-            "expr": "((verl_training_last_step unless on(job, instance, project, experiment, user, team) verl_training_total_steps) unless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds)\nunless on(job, instance, project, experiment, user, team) verl_job_running == 1\nunless on(job, instance) verl_job_running{project=\"\"} == 1\nand on(job, instance) verl_job_running\nunless on(project, experiment, user, team) (verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds))\n",
+            "expr": "(\n  (\n    verl_training_last_step\n    unless on(job, instance, project, experiment, user, team)\n    verl_training_total_steps\n  )\n  unless on(job, instance, project, experiment, user, team)\n  verl_training_finished_timestamp_seconds\n)\nunless on(job, instance, project, experiment, user, team)\nverl_job_running == 1\nunless on(job, instance)\nverl_job_running{project=\"\"} == 1\nand on(job, instance)\nverl_job_running\nunless on(project, experiment, user, team)\n(\n  verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds)\n)\n",
             "for": "2m",
             "labels": {
               "severity": "warning"
@@ -409,7 +409,7 @@
           },
           {
             "alert": "VerlTrainingJobCancelled",
-            "expr": "(verl_training_last_step unless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds)\nunless on(job, instance, project, experiment, user, team) verl_job_running == 1\nunless on(job, instance) verl_job_running{project=\"\"} == 1\nand on(job, instance) verl_job_running\nand on(project, experiment, user, team) (verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds))\n",
+            "expr": "(\n  verl_training_last_step\n  unless on(job, instance, project, experiment, user, team)\n  verl_training_finished_timestamp_seconds\n)\nunless on(job, instance, project, experiment, user, team)\nverl_job_running == 1\nunless on(job, instance)\nverl_job_running{project=\"\"} == 1\nand on(job, instance)\nverl_job_running\nand on(project, experiment, user, team)\n(\n  verl_job_ended_timestamp_seconds{state=\"CANCELLED\"} >= on(project, experiment, user, team) group_left() max by (project, experiment, user, team) (verl_job_ended_timestamp_seconds)\n)\n",
             "for": "2m",
             "labels": {
               "severity": "warning"
@@ -424,7 +424,7 @@
           },
           {
             "alert": "VerlTrainingNonFinite",
-            "expr": "(verl_training_nonfinite_last_step{key=~\".*(loss|grad_norm).*\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 10))\nor (verl_training_nonfinite_last_step{key=~\".*(loss|grad_norm).*\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 2 * 10) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlTrainingNonFinite\", alertstate=\"firing\"})\n",
+            "expr": "(\n  verl_training_nonfinite_last_step{key=~\".*(loss|grad_norm).*\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 10)\n)\nor\n(\n  verl_training_nonfinite_last_step{key=~\".*(loss|grad_norm).*\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 2 * 10)\n  and on(job, instance, project, experiment, user, team)\n  ALERTS{alertname=\"VerlTrainingNonFinite\", alertstate=\"firing\"}\n)\n",
             "labels": {
               "severity": "critical"
             },
@@ -438,7 +438,7 @@
           },
           {
             "alert": "VerlTrainingOutOfMemory",
-            "expr": "increase(verl_training_log_errors_total{kind=\"cuda_oom\"}[15m]) > 0\nor (verl_training_log_errors_total{kind=\"cuda_oom\"} > 0 unless verl_training_log_errors_total{kind=\"cuda_oom\"} offset 15m)\n",
+            "expr": "increase(verl_training_log_errors_total{kind=\"cuda_oom\"}[15m]) > 0\nor\n(\n  verl_training_log_errors_total{kind=\"cuda_oom\"} > 0\n  unless\n  verl_training_log_errors_total{kind=\"cuda_oom\"} offset 15m\n)\n",
             "labels": {
               "severity": "critical"
             },
@@ -453,7 +453,7 @@
           },
           {
             "alert": "VerlTrainingCrashed",
-            "expr": "verl_training_fatal_error_last_step\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "verl_training_fatal_error_last_step\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "critical"
             },
@@ -468,7 +468,7 @@
           },
           {
             "alert": "VerlTrainingLogErrors",
-            "expr": "(verl_training_log_errors_last_step{kind!=\"cuda_oom\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 10) >= 1 unless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds)\nor (verl_training_log_errors_last_step{kind!=\"cuda_oom\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 2 * 10) >= 1 unless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlTrainingLogErrors\", alertstate=\"firing\"})\n",
+            "expr": "(\n  verl_training_log_errors_last_step{kind!=\"cuda_oom\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 10) >= 1\n  unless on(job, instance, project, experiment, user, team)\n  verl_training_finished_timestamp_seconds\n)\nor\n(\n  verl_training_log_errors_last_step{kind!=\"cuda_oom\"} > on(job, instance, project, experiment, user, team) group_left() (verl_training_last_step - 2 * 10) >= 1\n  unless on(job, instance, project, experiment, user, team)\n  verl_training_finished_timestamp_seconds\n  and on(job, instance, project, experiment, user, team)\n  ALERTS{alertname=\"VerlTrainingLogErrors\", alertstate=\"firing\"}\n)\n",
             "labels": {
               "severity": "warning"
             },
@@ -483,7 +483,7 @@
           },
           {
             "alert": "VerlTrainingNoFirstStep",
-            "expr": "(timestamp(verl_training_started_timestamp_seconds) - verl_training_started_timestamp_seconds) > 3600\nunless on(job, instance, project, experiment, user, team) verl_training_last_step_timestamp_seconds\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\nand on(job, instance) verl_job_running == 1\nunless on(project, experiment, user, team) project_experiment:verl_gpu_utilization_ratio:avg > 0.1\n",
+            "expr": "(timestamp(verl_training_started_timestamp_seconds) - verl_training_started_timestamp_seconds) > 3600\nunless on(job, instance, project, experiment, user, team)\nverl_training_last_step_timestamp_seconds\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\nand on(job, instance)\nverl_job_running == 1\nunless on(project, experiment, user, team)\nproject_experiment:verl_gpu_utilization_ratio:avg > 0.1\n",
             "for": "5m",
             "labels": {
               "severity": "critical"
@@ -514,7 +514,7 @@
           },
           {
             "alert": "VerlScrapeShardDown",
-            "expr": "up{job=\"vmagent\"} == 0\nor (last_over_time(up{job=\"vmagent\"}[1d]) unless up{job=\"vmagent\"})\n",
+            "expr": "up{job=\"vmagent\"} == 0 or (last_over_time(up{job=\"vmagent\"}[1d]) unless up{job=\"vmagent\"})\n",
             "for": "5m",
             "labels": {
               "severity": "critical"
@@ -578,7 +578,7 @@
         "rules": [
           {
             "alert": "VerlFleetGoodputBurningFast",
-            "expr": "fleet:verl_gpu_stalled_or_lost:ratio_rate1h > 6 * (1 - 0.9)\nand fleet:verl_gpu_stalled_or_lost:ratio_rate5m > 6 * (1 - 0.9)\n",
+            "expr": "fleet:verl_gpu_stalled_or_lost:ratio_rate1h > 6 * (1 - 0.9)\nand\nfleet:verl_gpu_stalled_or_lost:ratio_rate5m > 6 * (1 - 0.9)\n",
             "for": "2m",
             "labels": {
               "severity": "critical"
@@ -593,7 +593,7 @@
           },
           {
             "alert": "VerlFleetGoodputBurning",
-            "expr": "fleet:verl_gpu_waste:ratio_rate6h > 1 * (1 - 0.9)\nand fleet:verl_gpu_waste:ratio_rate30m > 1 * (1 - 0.9)\n",
+            "expr": "fleet:verl_gpu_waste:ratio_rate6h > 1 * (1 - 0.9) and fleet:verl_gpu_waste:ratio_rate30m > 1 * (1 - 0.9)\n",
             "for": "15m",
             "labels": {
               "severity": "warning"
@@ -608,7 +608,7 @@
           },
           {
             "alert": "VerlRunWorkAtRisk",
-            "expr": "verl_run_work_at_risk_gpu_seconds / 3600 > 256\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "verl_run_work_at_risk_gpu_seconds / 3600 > 256\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "for": "5m",
             "labels": {
               "severity": "info"
@@ -628,7 +628,7 @@
         "rules": [
           {
             "alert": "VerlTrainerStarved",
-            "expr": "((run:verl_separate_async_switch_idle:window_mean >= 0.8 unless run:verl_separate_async_switch_idle:early_median >= 0.8 or run:verl_fully_async_trainer_idle_ratio:window_median >= 0.5 unless run:verl_fully_async_trainer_idle_ratio:early_median >= 0.5) or ((run:verl_separate_async_switch_idle:window_mean >= 0.5 * 0.8 or run:verl_fully_async_trainer_idle_ratio:window_median >= 0.5 * 0.5) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlTrainerStarved\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_separate_async_switch_idle:window_mean >= 0.8\n    unless\n    run:verl_separate_async_switch_idle:early_median >= 0.8\n    or\n    run:verl_fully_async_trainer_idle_ratio:window_median >= 0.5\n    unless\n    run:verl_fully_async_trainer_idle_ratio:early_median >= 0.5\n  )\n  or\n  (\n    (\n      run:verl_separate_async_switch_idle:window_mean >= 0.5 * 0.8\n      or\n      run:verl_fully_async_trainer_idle_ratio:window_median >= 0.5 * 0.5\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlTrainerStarved\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -642,7 +642,7 @@
           },
           {
             "alert": "VerlRolloutIdle",
-            "expr": "((run:verl_fully_async_rollouter_idle_ratio:window_median >= 0.5 unless run:verl_fully_async_rollouter_idle_ratio:early_median >= 0.5) or (run:verl_fully_async_rollouter_idle_ratio:window_median >= 0.5 * 0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutIdle\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_fully_async_rollouter_idle_ratio:window_median >= 0.5\n    unless\n    run:verl_fully_async_rollouter_idle_ratio:early_median >= 0.5\n  )\n  or\n  (\n    run:verl_fully_async_rollouter_idle_ratio:window_median >= 0.5 * 0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutIdle\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -661,7 +661,7 @@
         "rules": [
           {
             "alert": "VerlGenerationBottleneck",
-            "expr": "((verl_timing_gen_seconds / verl_timing_step_seconds > 0.5 and run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean) or (verl_timing_gen_seconds / verl_timing_step_seconds and run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlGenerationBottleneck\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    verl_timing_gen_seconds / verl_timing_step_seconds > 0.5\n    and\n    run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean\n  )\n  or\n  (\n    verl_timing_gen_seconds / verl_timing_step_seconds\n    and\n    run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlGenerationBottleneck\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -675,7 +675,7 @@
           },
           {
             "alert": "VerlActorUpdateBottleneck",
-            "expr": "((verl_timing_update_actor_seconds / verl_timing_step_seconds > 0.4 and run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean) or (verl_timing_update_actor_seconds / verl_timing_step_seconds and run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlActorUpdateBottleneck\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    verl_timing_update_actor_seconds / verl_timing_step_seconds > 0.4\n    and\n    run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean\n  )\n  or\n  (\n    verl_timing_update_actor_seconds / verl_timing_step_seconds\n    and\n    run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlActorUpdateBottleneck\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -689,7 +689,7 @@
           },
           {
             "alert": "VerlThroughputDropped",
-            "expr": "((run:verl_perf_throughput:recent_max < 0.5 * run:verl_perf_throughput:prior_mean) or (run:verl_perf_throughput:window_median < (1 + 0.5) * 0.5 * run:verl_perf_throughput:best_window_mean and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlThroughputDropped\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_perf_throughput:recent_max < 0.5 * run:verl_perf_throughput:prior_mean)\n  or\n  (\n    run:verl_perf_throughput:window_median < (1 + 0.5) * 0.5 * run:verl_perf_throughput:best_window_mean\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlThroughputDropped\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -703,7 +703,7 @@
           },
           {
             "alert": "VerlActorMfuLow",
-            "expr": "((run:verl_perf_mfu_actor:recent_max < 0.5 * run:verl_perf_mfu_actor:prior_mean) or (run:verl_perf_mfu_actor:window_median < (1 + 0.5) * 0.5 * run:verl_perf_mfu_actor:best_window_mean and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlActorMfuLow\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_perf_mfu_actor:recent_max < 0.5 * run:verl_perf_mfu_actor:prior_mean)\n  or\n  (\n    run:verl_perf_mfu_actor:window_median < (1 + 0.5) * 0.5 * run:verl_perf_mfu_actor:best_window_mean\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlActorMfuLow\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -717,7 +717,7 @@
           },
           {
             "alert": "VerlStepSlow",
-            "expr": "((run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean) or (run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlStepSlow\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:prior_mean)\n  or\n  (\n    run:verl_timing_step_seconds:window_median > 2 * run:verl_timing_step_seconds:early_median\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlStepSlow\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -731,7 +731,7 @@
           },
           {
             "alert": "VerlGpuMemoryNearlyFull",
-            "expr": "verl_perf_max_memory_allocated_bytes / on(job, instance) group_left() max by (job, instance) (verl_gpu_memory_total_bytes) > 0.95\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "verl_perf_max_memory_allocated_bytes / on(job, instance) group_left() max by (job, instance) (verl_gpu_memory_total_bytes) > 0.95\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "for": "5m",
             "labels": {
               "severity": "warning"
@@ -752,7 +752,7 @@
         "rules": [
           {
             "alert": "VerlGenerationKvCacheBound",
-            "expr": "(verl_timing_gen_seconds / verl_timing_step_seconds > 0.5 and on(project, experiment, user, team) (((max by (project, experiment) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)) * on(project, experiment) group_right() group by (project, experiment, user, team) (verl_training_run_info)) >= 0.95 or ((sum by (project, experiment) (rate(vllm:num_preemptions_total[5m])) or sum by (project, experiment) (rate(sglang:num_retracted_requests_total[5m]))) * on(project, experiment) group_right() group by (project, experiment, user, team) (verl_training_run_info)) > 0))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  verl_timing_gen_seconds / verl_timing_step_seconds > 0.5\n  and on(project, experiment, user, team)\n  (\n    ((max by (project, experiment) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc or sglang:token_usage)) * on(project, experiment) group_right() group by (project, experiment, user, team) (verl_training_run_info)) >= 0.95\n    or\n    ((sum by (project, experiment) (rate(vllm:num_preemptions_total[5m])) or sum by (project, experiment) (rate(sglang:num_retracted_requests_total[5m]))) * on(project, experiment) group_right() group by (project, experiment, user, team) (verl_training_run_info)) > 0\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "for": "15m",
             "labels": {
               "severity": "info"
@@ -772,7 +772,7 @@
         "rules": [
           {
             "alert": "VerlPolicyUpdateAggressive",
-            "expr": "((run:verl_actor_pg_clipfrac:recent_min > 0.5) or (run:verl_actor_pg_clipfrac:window_median > 0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPolicyUpdateAggressive\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_actor_pg_clipfrac:recent_min > 0.5)\n  or\n  (\n    run:verl_actor_pg_clipfrac:window_median > 0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPolicyUpdateAggressive\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -786,7 +786,7 @@
           },
           {
             "alert": "VerlPolicyUpdateConservative",
-            "expr": "((run:verl_actor_pg_clipfrac:recent_max < 0.001 and run:verl_actor_pg_clipfrac:window_median < 0.001 and run:verl_actor_pg_clipfrac:recent_max > 0 and verl_training_last_step >= 20 and on(job, instance, project, experiment, user, team) run:verl_policy_updates_per_rollout:setting > 1) or (run:verl_actor_pg_clipfrac:window_median < 0.001 and on(job, instance, project, experiment, user, team) run:verl_policy_updates_per_rollout:setting > 1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPolicyUpdateConservative\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_pg_clipfrac:recent_max < 0.001\n    and\n    run:verl_actor_pg_clipfrac:window_median < 0.001\n    and\n    run:verl_actor_pg_clipfrac:recent_max > 0\n    and\n    verl_training_last_step >= 20\n    and on(job, instance, project, experiment, user, team)\n    run:verl_policy_updates_per_rollout:setting > 1\n  )\n  or\n  (\n    run:verl_actor_pg_clipfrac:window_median < 0.001\n    and on(job, instance, project, experiment, user, team)\n    run:verl_policy_updates_per_rollout:setting > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPolicyUpdateConservative\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -800,7 +800,7 @@
           },
           {
             "alert": "VerlPolicyChangeTooLarge",
-            "expr": "((run:verl_actor_ppo_kl:recent_min > 0.05) or (run:verl_actor_ppo_kl:window_median > 0.05 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPolicyChangeTooLarge\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_actor_ppo_kl:recent_min > 0.05)\n  or\n  (\n    run:verl_actor_ppo_kl:window_median > 0.05\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPolicyChangeTooLarge\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -814,7 +814,7 @@
           },
           {
             "alert": "VerlPolicyFrozen",
-            "expr": "((run:verl_actor_ppo_kl:recent_max < 0.001 and run:verl_actor_ppo_kl:recent_min > -0.001 and run:verl_actor_ppo_kl:window_median < 0.001 and (run:verl_actor_ppo_kl:recent_max > 0 or run:verl_actor_ppo_kl:recent_min < 0) and verl_training_last_step >= 20 and on(job, instance, project, experiment, user, team) run:verl_policy_updates_per_rollout:setting > 1) or (run:verl_actor_ppo_kl:window_median < 0.001 and run:verl_actor_ppo_kl:window_median > -0.001 and on(job, instance, project, experiment, user, team) run:verl_policy_updates_per_rollout:setting > 1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPolicyFrozen\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_ppo_kl:recent_max < 0.001\n    and\n    run:verl_actor_ppo_kl:recent_min > -0.001\n    and\n    run:verl_actor_ppo_kl:window_median < 0.001\n    and\n    (run:verl_actor_ppo_kl:recent_max > 0 or run:verl_actor_ppo_kl:recent_min < 0)\n    and\n    verl_training_last_step >= 20\n    and on(job, instance, project, experiment, user, team)\n    run:verl_policy_updates_per_rollout:setting > 1\n  )\n  or\n  (\n    run:verl_actor_ppo_kl:window_median < 0.001\n    and\n    run:verl_actor_ppo_kl:window_median > -0.001\n    and on(job, instance, project, experiment, user, team)\n    run:verl_policy_updates_per_rollout:setting > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPolicyFrozen\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -828,7 +828,7 @@
           },
           {
             "alert": "VerlEntropyCollapsing",
-            "expr": "((run:verl_actor_entropy:recent_max < 0.5 * run:verl_actor_entropy:early_median and run:verl_actor_entropy:recent_max < 0.1 and ((run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:prior_mean) < 0.01 or run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:early_median < 0.01) unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) or ((run:verl_actor_entropy:window_median < 0.1 unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlEntropyCollapsing\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_entropy:recent_max < 0.5 * run:verl_actor_entropy:early_median\n    and\n    run:verl_actor_entropy:recent_max < 0.1\n    and\n    (\n      (run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:prior_mean) < 0.01\n      or\n      run:verl_critic_score_mean:recent_max - run:verl_critic_score_mean:early_median < 0.01\n    )\n    unless\n    (\n      run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      and\n      (\n        run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n        or\n        run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      )\n    )\n  )\n  or\n  (\n    (\n      run:verl_actor_entropy:window_median < 0.1\n      unless\n      (\n        run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        and\n        (\n          run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n          or\n          run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        )\n      )\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlEntropyCollapsing\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -842,7 +842,7 @@
           },
           {
             "alert": "VerlEntropyFlat",
-            "expr": "((abs(run:verl_actor_entropy:long_mean - run:verl_actor_entropy:long_prior_mean) / run:verl_actor_entropy:long_prior_mean < 0.02 and run:verl_actor_entropy:prior_stddev / run:verl_actor_entropy:prior_mean < 0.05 and ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 0.01 and run:verl_actor_entropy:recent_min > 0.05 unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) or ((abs(run:verl_actor_entropy:long_mean - run:verl_actor_entropy:long_prior_mean) / run:verl_actor_entropy:long_prior_mean < 2 * 0.02 and run:verl_actor_entropy:prior_stddev / run:verl_actor_entropy:prior_mean < 0.05 and ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 2 * 0.01 and run:verl_actor_entropy:recent_min > 0.05 unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.5 * 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlEntropyFlat\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    abs(run:verl_actor_entropy:long_mean - run:verl_actor_entropy:long_prior_mean) / run:verl_actor_entropy:long_prior_mean < 0.02\n    and\n    run:verl_actor_entropy:prior_stddev / run:verl_actor_entropy:prior_mean < 0.05\n    and\n    ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 0.01\n    and\n    run:verl_actor_entropy:recent_min > 0.05\n    unless\n    (\n      run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      and\n      (\n        run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n        or\n        run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      )\n    )\n  )\n  or\n  (\n    (\n      abs(run:verl_actor_entropy:long_mean - run:verl_actor_entropy:long_prior_mean) / run:verl_actor_entropy:long_prior_mean < 2 * 0.02\n      and\n      run:verl_actor_entropy:prior_stddev / run:verl_actor_entropy:prior_mean < 0.05\n      and\n      ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 2 * 0.01\n      and\n      run:verl_actor_entropy:recent_min > 0.05\n      unless\n      (\n        run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.5 * 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        and\n        (\n          run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n          or\n          run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        )\n      )\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlEntropyFlat\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -856,7 +856,7 @@
           },
           {
             "alert": "VerlKlLossHigh",
-            "expr": "((run:verl_actor_kl_loss:recent_min > 0.5) or (run:verl_actor_kl_loss:window_median > 0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlKlLossHigh\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_actor_kl_loss:recent_min > 0.5)\n  or\n  (\n    run:verl_actor_kl_loss:window_median > 0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlKlLossHigh\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -870,7 +870,7 @@
           },
           {
             "alert": "VerlActorGradNormPinned",
-            "expr": "((run:verl_actor_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting) and run:verl_actor_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)) or (run:verl_actor_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting) and run:verl_actor_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlActorGradNormPinned\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting)\n    and\n    run:verl_actor_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)\n  )\n  or\n  (\n    run:verl_actor_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting)\n    and\n    run:verl_actor_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlActorGradNormPinned\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -889,7 +889,7 @@
         "rules": [
           {
             "alert": "VerlCriticGradNormPinned",
-            "expr": "((run:verl_critic_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_critic_grad_clip:setting) and run:verl_critic_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_critic_grad_clip:setting)) or (run:verl_critic_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_critic_grad_clip:setting) and run:verl_critic_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_critic_grad_clip:setting) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticGradNormPinned\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_critic_grad_clip:setting)\n    and\n    run:verl_critic_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_critic_grad_clip:setting)\n  )\n  or\n  (\n    run:verl_critic_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_critic_grad_clip:setting)\n    and\n    run:verl_critic_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_critic_grad_clip:setting)\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticGradNormPinned\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -903,7 +903,7 @@
           },
           {
             "alert": "VerlCriticWorseThanConstant",
-            "expr": "((run:verl_critic_vf_explained_var:recent_max < 0 and run:verl_critic_vf_explained_var:window_median < -0.5 and run:verl_critic_vf_explained_var:window_mean <= run:verl_critic_vf_explained_var:prior_mean and verl_training_last_step >= 20) or (run:verl_critic_vf_explained_var:window_median < -0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticWorseThanConstant\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_explained_var:recent_max < 0\n    and\n    run:verl_critic_vf_explained_var:window_median < -0.5\n    and\n    run:verl_critic_vf_explained_var:window_mean <= run:verl_critic_vf_explained_var:prior_mean\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_explained_var:window_median < -0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticWorseThanConstant\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -917,7 +917,7 @@
           },
           {
             "alert": "VerlCriticLearningSlowly",
-            "expr": "((run:verl_critic_vf_explained_var:recent_max < 0.3 and run:verl_critic_vf_explained_var:window_median < 0.3 and run:verl_critic_vf_explained_var:window_mean - run:verl_critic_vf_explained_var:prior_mean < 0.05 and verl_training_last_step >= 20) or (run:verl_critic_vf_explained_var:window_median < 0.3 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticLearningSlowly\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_explained_var:recent_max < 0.3\n    and\n    run:verl_critic_vf_explained_var:window_median < 0.3\n    and\n    run:verl_critic_vf_explained_var:window_mean - run:verl_critic_vf_explained_var:prior_mean < 0.05\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_explained_var:window_median < 0.3\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticLearningSlowly\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -931,7 +931,7 @@
           },
           {
             "alert": "VerlCriticLossNotDecreasing",
-            "expr": "((run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean and run:verl_critic_vf_loss:recent_min > 1 and verl_training_last_step >= 20) or (run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean and run:verl_critic_vf_loss:window_median > 1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticLossNotDecreasing\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:recent_min > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:window_median > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticLossNotDecreasing\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -945,7 +945,7 @@
           },
           {
             "alert": "VerlCriticValueClipping",
-            "expr": "((run:verl_critic_vf_clipfrac:recent_min > 0.5) or (run:verl_critic_vf_clipfrac:window_median > 0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticValueClipping\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_critic_vf_clipfrac:recent_min > 0.5)\n  or\n  (\n    run:verl_critic_vf_clipfrac:window_median > 0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticValueClipping\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -959,7 +959,7 @@
           },
           {
             "alert": "VerlCriticValueOffTarget",
-            "expr": "((abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1 and abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1 and verl_training_last_step >= 20) or (abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticValueOffTarget\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1\n    and\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticValueOffTarget\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -978,7 +978,7 @@
         "rules": [
           {
             "alert": "VerlAdvantageMeanOffCenter",
-            "expr": "((abs(run:verl_critic_advantages_mean:recent_min) > 1 and abs(run:verl_critic_advantages_mean:recent_max) > 1 and (run:verl_critic_advantages_mean:recent_min > 0 or run:verl_critic_advantages_mean:recent_max < 0)) or ((abs(run:verl_critic_advantages_mean:window_median) > 1 or abs(run:verl_critic_advantages_mean:window_mean) > 0.5 * 1) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlAdvantageMeanOffCenter\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    abs(run:verl_critic_advantages_mean:recent_min) > 1\n    and\n    abs(run:verl_critic_advantages_mean:recent_max) > 1\n    and\n    (run:verl_critic_advantages_mean:recent_min > 0 or run:verl_critic_advantages_mean:recent_max < 0)\n  )\n  or\n  (\n    (\n      abs(run:verl_critic_advantages_mean:window_median) > 1\n      or\n      abs(run:verl_critic_advantages_mean:window_mean) > 0.5 * 1\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlAdvantageMeanOffCenter\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -992,7 +992,7 @@
           },
           {
             "alert": "VerlAdvantageRangeExploding",
-            "expr": "((run:verl_critic_advantages_max:recent_min > 100 or -run:verl_critic_advantages_min:recent_max > 100) or ((run:verl_critic_advantages_max:window_median > 100 or -run:verl_critic_advantages_min:window_median > 100) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlAdvantageRangeExploding\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_critic_advantages_max:recent_min > 100 or -run:verl_critic_advantages_min:recent_max > 100)\n  or\n  (\n    (\n      run:verl_critic_advantages_max:window_median > 100\n      or\n      -run:verl_critic_advantages_min:window_median > 100\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlAdvantageRangeExploding\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1006,7 +1006,7 @@
           },
           {
             "alert": "VerlNoLearningSignal",
-            "expr": "((run:verl_critic_advantages:zero_streak >= 3 and clamp((run:verl_critic_advantages:zero_before + 10 * (0 * run:verl_critic_advantages:zero_streak + 0.6 and on(job, instance, project, experiment, user, team) max without(key) (verl_run_config{key=\"data.train_batch_size\"}) < 32 or 0 * run:verl_critic_advantages:zero_streak + 0.1)) / (run:verl_critic_advantages:steps_before + 10), 0.1, 0.95) ^ run:verl_critic_advantages:zero_streak <= 0.0002) or ((run:verl_critic_advantages:zero_streak >= 1 or run:verl_critic_advantages_max:window_median < 0.001 and run:verl_critic_advantages_min:window_median > -0.001) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlNoLearningSignal\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_advantages:zero_streak >= 3\n    and\n    clamp((run:verl_critic_advantages:zero_before + 10 * (0 * run:verl_critic_advantages:zero_streak + 0.6 and on(job, instance, project, experiment, user, team) max without(key) (verl_run_config{key=\"data.train_batch_size\"}) < 32 or 0 * run:verl_critic_advantages:zero_streak + 0.1)) / (run:verl_critic_advantages:steps_before + 10), 0.1, 0.95) ^ run:verl_critic_advantages:zero_streak <= 0.0002\n  )\n  or\n  (\n    (\n      run:verl_critic_advantages:zero_streak >= 1\n      or\n      run:verl_critic_advantages_max:window_median < 0.001\n      and\n      run:verl_critic_advantages_min:window_median > -0.001\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlNoLearningSignal\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1020,7 +1020,7 @@
           },
           {
             "alert": "VerlScoreNotImproving",
-            "expr": "(((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 0.01 and ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 0.01 unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) or ((((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 3 * 0.01 or (run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) unless (run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.5 * 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min) and (run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) or run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)))) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlScoreNotImproving\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    (run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 0.01\n    and\n    ((run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) + 2 * 0.2582 * run:verl_critic_score_mean:prior_stddev) < 0.01\n    unless\n    (\n      run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      and\n      (\n        run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n        or\n        run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      )\n    )\n  )\n  or\n  (\n    (\n      (\n        (run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 3 * 0.01\n        or\n        (run:verl_critic_score_mean:long_mean - run:verl_critic_score_mean:long_prior_mean) < 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n      )\n      unless\n      (\n        run:verl_critic_score_mean:window_mean >= run:verl_critic_score_mean:best_window_mean - 0.5 * 0.1 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        and\n        (\n          run:verl_critic_score_mean:window_mean >= (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n          or\n          run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:early_median >= 0.2 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)\n        )\n      )\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlScoreNotImproving\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -1039,7 +1039,7 @@
         "rules": [
           {
             "alert": "VerlResponsesTruncated",
-            "expr": "((run:verl_response_length_clip_ratio:recent_min > 0.5) or (run:verl_response_length_clip_ratio:window_median > 0.5 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlResponsesTruncated\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_response_length_clip_ratio:recent_min > 0.5)\n  or\n  (\n    run:verl_response_length_clip_ratio:window_median > 0.5\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlResponsesTruncated\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1053,7 +1053,7 @@
           },
           {
             "alert": "VerlResponsesOftenTruncated",
-            "expr": "((run:verl_response_length_clip_ratio:recent_min > 0.1 and run:verl_response_length_clip_ratio:window_median > 0.1) or (run:verl_response_length_clip_ratio:window_median > 0.1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlResponsesOftenTruncated\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_response_length_clip_ratio:recent_min > 0.1\n    and\n    run:verl_response_length_clip_ratio:window_median > 0.1\n  )\n  or\n  (\n    run:verl_response_length_clip_ratio:window_median > 0.1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlResponsesOftenTruncated\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -1067,7 +1067,7 @@
           },
           {
             "alert": "VerlPromptsTruncated",
-            "expr": "((run:verl_prompt_length_clip_ratio:recent_min > 0.1) or (run:verl_prompt_length_clip_ratio:window_median > 0.1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPromptsTruncated\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_prompt_length_clip_ratio:recent_min > 0.1)\n  or\n  (\n    run:verl_prompt_length_clip_ratio:window_median > 0.1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPromptsTruncated\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1086,7 +1086,7 @@
         "rules": [
           {
             "alert": "VerlLearningRateTooHigh",
-            "expr": "((run:verl_actor_pg_clipfrac:recent_min > 0.5 and run:verl_actor_ppo_kl:recent_min > 0.05 and run:verl_actor_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting) and run:verl_actor_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)) or (run:verl_actor_pg_clipfrac:window_median > 0.5 and run:verl_actor_ppo_kl:window_median > 0.05 and run:verl_actor_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting) and run:verl_actor_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlLearningRateTooHigh\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_pg_clipfrac:recent_min > 0.5\n    and\n    run:verl_actor_ppo_kl:recent_min > 0.05\n    and\n    run:verl_actor_grad_norm:recent_min >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting)\n    and\n    run:verl_actor_grad_norm:recent_max <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)\n  )\n  or\n  (\n    run:verl_actor_pg_clipfrac:window_median > 0.5\n    and\n    run:verl_actor_ppo_kl:window_median > 0.05\n    and\n    run:verl_actor_grad_norm:window_median >= on(job, instance, project, experiment, user, team) ((1 - 0.01) * run:verl_actor_grad_clip:setting)\n    and\n    run:verl_actor_grad_norm:window_median <= on(job, instance, project, experiment, user, team) ((1 + 0.01) * run:verl_actor_grad_clip:setting)\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlLearningRateTooHigh\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1100,7 +1100,7 @@
           },
           {
             "alert": "VerlPrematureConvergence",
-            "expr": "((run:verl_actor_entropy:recent_max < 0.05 and run:verl_actor_ppo_kl:recent_max < 0.001 and run:verl_actor_ppo_kl:recent_min > -0.001 and (run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:prior_mean) < 0.01 and run:verl_critic_score_mean:window_median < (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))) or (run:verl_actor_entropy:window_median < 0.05 and run:verl_critic_score_mean:window_median < (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min)) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlPrematureConvergence\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_actor_entropy:recent_max < 0.05\n    and\n    run:verl_actor_ppo_kl:recent_max < 0.001\n    and\n    run:verl_actor_ppo_kl:recent_min > -0.001\n    and\n    (run:verl_critic_score_mean:window_mean - run:verl_critic_score_mean:prior_mean) < 0.01\n    and\n    run:verl_critic_score_mean:window_median < (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n  )\n  or\n  (\n    run:verl_actor_entropy:window_median < 0.05\n    and\n    run:verl_critic_score_mean:window_median < (run:verl_critic_score_min:run_min + 0.5 * (run:verl_critic_score_max:run_max - run:verl_critic_score_min:run_min))\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlPrematureConvergence\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1114,7 +1114,7 @@
           },
           {
             "alert": "VerlCriticNotLearning",
-            "expr": "((run:verl_critic_vf_explained_var:recent_max < 0 and run:verl_critic_vf_loss:recent_min > 10 and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1 and verl_training_last_step >= 20) or (run:verl_critic_vf_explained_var:window_median < 0 and run:verl_critic_vf_loss:window_median > 10 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlCriticNotLearning\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_explained_var:recent_max < 0\n    and\n    run:verl_critic_vf_loss:recent_min > 10\n    and\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_explained_var:window_median < 0\n    and\n    run:verl_critic_vf_loss:window_median > 10\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticNotLearning\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1133,7 +1133,7 @@
         "rules": [
           {
             "alert": "VerlRolloutProbsDiffHigh",
-            "expr": "((run:verl_training_rollout_probs_diff_mean:recent_min > 0.01) or (run:verl_training_rollout_probs_diff_mean:window_median > 0.01 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutProbsDiffHigh\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_training_rollout_probs_diff_mean:recent_min > 0.01)\n  or\n  (\n    run:verl_training_rollout_probs_diff_mean:window_median > 0.01\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutProbsDiffHigh\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1147,7 +1147,7 @@
           },
           {
             "alert": "VerlRolloutProbsDiffMaxHigh",
-            "expr": "((run:verl_training_rollout_probs_diff_max:recent_min > 0.8 and run:verl_training_rollout_probs_diff_max:window_median > 0.8) or (run:verl_training_rollout_probs_diff_max:window_median > 0.8 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutProbsDiffMaxHigh\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_training_rollout_probs_diff_max:recent_min > 0.8\n    and\n    run:verl_training_rollout_probs_diff_max:window_median > 0.8\n  )\n  or\n  (\n    run:verl_training_rollout_probs_diff_max:window_median > 0.8\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutProbsDiffMaxHigh\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
@@ -1161,7 +1161,7 @@
           },
           {
             "alert": "VerlRolloutActorProbsUncorrelated",
-            "expr": "((run:verl_training_rollout_actor_probs_pearson_corr:recent_max < 0.9) or (run:verl_training_rollout_actor_probs_pearson_corr:window_median < 0.9 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutActorProbsUncorrelated\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_training_rollout_actor_probs_pearson_corr:recent_max < 0.9)\n  or\n  (\n    run:verl_training_rollout_actor_probs_pearson_corr:window_median < 0.9\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutActorProbsUncorrelated\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1175,7 +1175,7 @@
           },
           {
             "alert": "VerlRolloutOffPolicyGap",
-            "expr": "((run:verl_rollout_corr_kl:recent_min > 0.1 or -run:verl_rollout_corr_kl:recent_max > 0.1 or run:verl_rollout_corr_k3_kl:recent_min > 0.1 or ln(run:verl_rollout_corr_ppl_ratio:recent_min) > 0.1 or -ln(run:verl_rollout_corr_ppl_ratio:recent_max) > 0.1) or ((abs(run:verl_rollout_corr_kl:window_median) > 0.1 or run:verl_rollout_corr_k3_kl:window_median > 0.1 or abs(ln(run:verl_rollout_corr_ppl_ratio:window_median)) > 0.1) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutOffPolicyGap\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_rollout_corr_kl:recent_min > 0.1\n    or\n    -run:verl_rollout_corr_kl:recent_max > 0.1\n    or\n    run:verl_rollout_corr_k3_kl:recent_min > 0.1\n    or\n    ln(run:verl_rollout_corr_ppl_ratio:recent_min) > 0.1\n    or\n    -ln(run:verl_rollout_corr_ppl_ratio:recent_max) > 0.1\n  )\n  or\n  (\n    (\n      abs(run:verl_rollout_corr_kl:window_median) > 0.1\n      or\n      run:verl_rollout_corr_k3_kl:window_median > 0.1\n      or\n      abs(ln(run:verl_rollout_corr_ppl_ratio:window_median)) > 0.1\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutOffPolicyGap\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1189,7 +1189,7 @@
           },
           {
             "alert": "VerlRolloutChiSquaredHigh",
-            "expr": "((run:verl_rollout_corr_chi2_token:recent_min > 1) or (run:verl_rollout_corr_chi2_token:window_median > 1 and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutChiSquaredHigh\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (run:verl_rollout_corr_chi2_token:recent_min > 1)\n  or\n  (\n    run:verl_rollout_corr_chi2_token:window_median > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutChiSquaredHigh\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1203,7 +1203,7 @@
           },
           {
             "alert": "VerlRolloutIsWeightsOffCenter",
-            "expr": "((run:verl_rollout_corr_rollout_is_mean:recent_max < 0.5 or run:verl_rollout_corr_rollout_is_mean:recent_min > 2) or ((run:verl_rollout_corr_rollout_is_mean:window_median < 0.5 or run:verl_rollout_corr_rollout_is_mean:window_median > 2) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutIsWeightsOffCenter\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_rollout_corr_rollout_is_mean:recent_max < 0.5\n    or\n    run:verl_rollout_corr_rollout_is_mean:recent_min > 2\n  )\n  or\n  (\n    (\n      run:verl_rollout_corr_rollout_is_mean:window_median < 0.5\n      or\n      run:verl_rollout_corr_rollout_is_mean:window_median > 2\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutIsWeightsOffCenter\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1217,7 +1217,7 @@
           },
           {
             "alert": "VerlRolloutIsWeightsConcentrated",
-            "expr": "((run:verl_rollout_corr_rollout_is_eff_sample_size:recent_max < 0.3 or run:verl_rollout_corr_rollout_is_std:recent_min > 1) or ((run:verl_rollout_corr_rollout_is_eff_sample_size:window_median < 0.3 or run:verl_rollout_corr_rollout_is_std:window_median > 1) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutIsWeightsConcentrated\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_rollout_corr_rollout_is_eff_sample_size:recent_max < 0.3\n    or\n    run:verl_rollout_corr_rollout_is_std:recent_min > 1\n  )\n  or\n  (\n    (\n      run:verl_rollout_corr_rollout_is_eff_sample_size:window_median < 0.3\n      or\n      run:verl_rollout_corr_rollout_is_std:window_median > 1\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutIsWeightsConcentrated\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1231,7 +1231,7 @@
           },
           {
             "alert": "VerlRolloutTrajectoriesStale",
-            "expr": "((run:verl_training_off_policy_trajectory_staleness_worst_max:recent_min >= on(job, instance, project, experiment, user, team) run:verl_max_off_policy_threshold:setting) or (run:verl_training_off_policy_trajectory_staleness_worst_max:window_median >= on(job, instance, project, experiment, user, team) run:verl_max_off_policy_threshold:setting and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutTrajectoriesStale\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_training_off_policy_trajectory_staleness_worst_max:recent_min >= on(job, instance, project, experiment, user, team) run:verl_max_off_policy_threshold:setting\n  )\n  or\n  (\n    run:verl_training_off_policy_trajectory_staleness_worst_max:window_median >= on(job, instance, project, experiment, user, team) run:verl_max_off_policy_threshold:setting\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutTrajectoriesStale\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1250,7 +1250,7 @@
         "rules": [
           {
             "alert": "VerlGroupsWithoutSignal",
-            "expr": "((run:verl_training_filter_groups_evicted_samples:recent_min >= on(job, instance, project, experiment, user, team) (9 * run:verl_train_batch_size:setting)) or (run:verl_training_filter_groups_evicted_samples:window_median >= on(job, instance, project, experiment, user, team) (0.5 * 9 * run:verl_train_batch_size:setting) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlGroupsWithoutSignal\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_training_filter_groups_evicted_samples:recent_min >= on(job, instance, project, experiment, user, team) (9 * run:verl_train_batch_size:setting)\n  )\n  or\n  (\n    run:verl_training_filter_groups_evicted_samples:window_median >= on(job, instance, project, experiment, user, team) (0.5 * 9 * run:verl_train_batch_size:setting)\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlGroupsWithoutSignal\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -1264,7 +1264,7 @@
           },
           {
             "alert": "VerlRolloutFailuresEvicted",
-            "expr": "((run:verl_training_rollout_failure_evicted_samples:recent_min >= on(job, instance, project, experiment, user, team) (clamp_min(0.1 * run:verl_train_batch_size:setting, 1) or 0 * verl_training_last_step + 1)) or ((run:verl_training_rollout_failure_evicted_samples:window_median >= on(job, instance, project, experiment, user, team) (clamp_min(0.1 * run:verl_train_batch_size:setting, 1) or 0 * verl_training_last_step + 1)) and on(job, instance, project, experiment, user, team) ALERTS{alertname=\"VerlRolloutFailuresEvicted\", alertstate=\"firing\"}))\nunless on(job, instance, project, experiment, user, team) verl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_training_rollout_failure_evicted_samples:recent_min >= on(job, instance, project, experiment, user, team) (clamp_min(0.1 * run:verl_train_batch_size:setting, 1) or 0 * verl_training_last_step + 1)\n  )\n  or\n  (\n    (\n      run:verl_training_rollout_failure_evicted_samples:window_median >= on(job, instance, project, experiment, user, team) (clamp_min(0.1 * run:verl_train_batch_size:setting, 1) or 0 * verl_training_last_step + 1)\n    )\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlRolloutFailuresEvicted\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },

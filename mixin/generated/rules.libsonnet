@@ -569,19 +569,19 @@
         "rules": [
           {
             "record": "run:verl_actor_grad_clip:setting",
-            "expr": "max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.grad_clip\"})\nor (0 * verl_training_last_step + 1)\n"
+            "expr": "max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.grad_clip\"})\nor\n(0 * verl_training_last_step + 1)\n"
           },
           {
             "record": "run:verl_critic_grad_clip:setting",
-            "expr": "max without(key) (verl_run_config{key=\"critic.grad_clip\"})\nor (0 * verl_training_last_step + 1)\n"
+            "expr": "max without(key) (verl_run_config{key=\"critic.grad_clip\"}) or (0 * verl_training_last_step + 1)\n"
           },
           {
             "record": "run:verl_policy_updates_per_rollout:setting",
-            "expr": "max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_epochs\"}) * ceil(max without(key) (verl_run_config{key=\"data.train_batch_size\"}) / max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_mini_batch_size\"}))\nor max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_epochs\"})\nor ceil(max without(key) (verl_run_config{key=\"data.train_batch_size\"}) / max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_mini_batch_size\"}))\n"
+            "expr": "max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_epochs\"}) * ceil(max without(key) (verl_run_config{key=\"data.train_batch_size\"}) / max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_mini_batch_size\"}))\nor\nmax without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_epochs\"})\nor\nceil(max without(key) (verl_run_config{key=\"data.train_batch_size\"}) / max without(key) (verl_run_config{key=\"actor_rollout_ref.actor.ppo_mini_batch_size\"}))\n"
           },
           {
             "record": "run:verl_max_off_policy_threshold:setting",
-            "expr": "max without(key) (verl_run_config{key=\"trainer.v1.sampler.max_off_policy_threshold\"})\nor (0 * verl_training_last_step + 8 unless on(job, instance, project, experiment, user, team) verl_run_config)\n"
+            "expr": "max without(key) (verl_run_config{key=\"trainer.v1.sampler.max_off_policy_threshold\"})\nor\n(0 * verl_training_last_step + 8 unless on(job, instance, project, experiment, user, team) verl_run_config)\n"
           },
           {
             "record": "run:verl_train_batch_size:setting",
@@ -688,7 +688,7 @@
           },
           {
             "record": "run_instance:verl_node_run_info:unfinished",
-            "expr": "verl_node_run_info\nunless on(project, experiment, user, team) project_experiment:verl_training_finished:max == 1\n"
+            "expr": "verl_node_run_info\nunless on(project, experiment, user, team)\nproject_experiment:verl_training_finished:max == 1\n"
           },
           {
             "record": "project_experiment:verl_nodes:count",
@@ -700,7 +700,7 @@
           },
           {
             "record": "run_gpu:verl_gpu_utilization_ratio:avg10m",
-            "expr": "(avg_over_time(verl_gpu_utilization_ratio[10m]) unless on(job, instance) run_gpu:verl_job_gpu_info:running) * on(job, instance) group_left(project, experiment, user, team) (run_instance:verl_node_run_info:unfinished unless on(job, instance) count by (job, instance) (run_instance:verl_node_run_info:unfinished) > 1)\nor avg_over_time(verl_gpu_utilization_ratio[10m]) * on(job, instance, gpu) group_left(project, experiment, user, team) (run_gpu:verl_job_gpu_info:running unless on(job, instance, gpu) count by (job, instance, gpu) (run_gpu:verl_job_gpu_info:running) > 1)\n"
+            "expr": "(avg_over_time(verl_gpu_utilization_ratio[10m]) unless on(job, instance) run_gpu:verl_job_gpu_info:running) * on(job, instance) group_left(project, experiment, user, team) (run_instance:verl_node_run_info:unfinished unless on(job, instance) count by (job, instance) (run_instance:verl_node_run_info:unfinished) > 1)\nor\navg_over_time(verl_gpu_utilization_ratio[10m]) * on(job, instance, gpu) group_left(project, experiment, user, team) (run_gpu:verl_job_gpu_info:running unless on(job, instance, gpu) count by (job, instance, gpu) (run_gpu:verl_job_gpu_info:running) > 1)\n"
           },
           {
             "record": "run_instance:verl_gpu_utilization_ratio:avg10m",
@@ -743,14 +743,14 @@
             "labels": {
               "state": "finished"
             },
-            "expr": "count(project_experiment:verl_training_finished:max == 1)\nor vector(0)\n"
+            "expr": "count(project_experiment:verl_training_finished:max == 1) or vector(0)\n"
           },
           {
             "record": "state:verl_training_runs:count",
             "labels": {
               "state": "stalled"
             },
-            "expr": "count(project_experiment:verl_training_stalled:seconds)\nor vector(0)\n"
+            "expr": "count(project_experiment:verl_training_stalled:seconds) or vector(0)\n"
           },
           {
             "record": "project_experiment:verl_training_progress:ratio",
@@ -765,7 +765,7 @@
             "labels": {
               "state": "running"
             },
-            "expr": "count(project_experiment:verl_training_finished:max == 0 unless on(project, experiment, user, team) project_experiment:verl_training_stalled:seconds)\nor vector(0)\n"
+            "expr": "count(project_experiment:verl_training_finished:max == 0 unless on(project, experiment, user, team) project_experiment:verl_training_stalled:seconds)\nor\nvector(0)\n"
           }
         ]
       },
@@ -848,7 +848,7 @@
           },
           {
             "record": "run:verl_run_gpu_seconds_after_diagnosis:rate5m",
-            "expr": "sum by (project, experiment, user, team) (rate(verl_run_gpu_seconds_total{bucket!=\"lost\"}[5m]))\nand on(project, experiment, user, team) run:verl_training_diagnosed:firing\n"
+            "expr": "sum by (project, experiment, user, team) (rate(verl_run_gpu_seconds_total{bucket!=\"lost\"}[5m]))\nand on(project, experiment, user, team)\nrun:verl_training_diagnosed:firing\n"
           },
           {
             "record": "fleet:verl_gpu_waste:ratio_rate5m",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -54,11 +55,20 @@ GUARDS = {
 }
 
 
+def one_line_rule_files() -> dict[str, str]:
+    """The shipped rule files with every expression on one line, so that a guard is dropped as text."""
+    with mock.patch.object(render, "LINE_WIDTH", 10**9):
+        texts = render.rule_files()
+        texts[render.RECORDING_RULES_FILE] = render.recording_rules()
+    assert set(texts) == {path.name for path in shipped.rule_files()}
+    return texts
+
+
 def run_case(tmp_path: Path, prefix: str, change=lambda text: text) -> subprocess.CompletedProcess:
     rules = tmp_path / render.RULES_DIR
     rules.mkdir(parents=True)
-    for path in [*shipped.alert_rule_files(), shipped.recording_rules_file()]:
-        (rules / path.name).write_text(change(path.read_text()))
+    for name, text in one_line_rule_files().items():
+        (rules / name).write_text(change(text))
     tests = yaml.safe_load(TEST_FILE.read_text())
     tests["tests"] = [case for case in tests["tests"] if case["name"].startswith(prefix)]
     assert len(tests["tests"]) == 1, prefix
@@ -72,7 +82,7 @@ def run_case(tmp_path: Path, prefix: str, change=lambda text: text) -> subproces
 
 @pytest.mark.parametrize("guard", sorted(GUARDS))
 def test_each_guard_holds_its_case(tmp_path, guard):
-    shipped_text = "".join(path.read_text() for path in [*shipped.alert_rule_files(), shipped.recording_rules_file()])
+    shipped_text = "".join(one_line_rule_files().values())
     assert GUARDS[guard](shipped_text) != shipped_text, f"the {guard} guard is not in the shipped rules"
     assert run_case(tmp_path / "as-shipped", f"{guard} -").returncode == 0
     result = run_case(tmp_path / "without", f"{guard} -", GUARDS[guard])
