@@ -10,7 +10,8 @@ replays: key -> what the function returned. A replay that raised raises again th
 that reads it, with the worker's traceback as its cause.
 
 The workers run at nice ``NICE`` (so do Prometheus and promtool, their children): a test that times
-a server gets the CPU first. ``VERL_REPLAY_WORKERS`` sets how many run at once (default 3: on 2 CPUs the foreground leaves about a third idle).
+a server gets the CPU first. ``VERL_REPLAY_WORKERS`` sets how many run at once (default 3: on 2 CPUs
+the foreground leaves about a third idle).
 """
 
 from __future__ import annotations
