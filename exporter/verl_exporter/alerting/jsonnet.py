@@ -45,9 +45,7 @@ def _jsonnet(value: object) -> str:
 
 def parts() -> dict[Path, str]:
     """The generated parts, by path under the checkout."""
-    groups = kubernetes.rule_groups(runbook_url=_RUNBOOK, dashboard_url=_GRAFANA)
-    alerting = [group for group in groups if any("alert" in rule for rule in group["rules"])]
-    recording = [group for group in groups if all("record" in rule for rule in group["rules"])]
+    alerting, recording = _split(kubernetes.rule_groups(runbook_url=_RUNBOOK, dashboard_url=_GRAFANA))
     dashboards = sorted(path.name for path in (Path(__file__).resolve().parents[3] / "grafana" / "dashboards")
                         .glob("*.json"))
     imports = ",\n".join(f"    {json.dumps(name)}: import '../../grafana/dashboards/{name}'" for name in dashboards)
@@ -66,7 +64,11 @@ def _indent(text: str) -> str:
 
 def shipped_groups() -> tuple[list[dict], list[dict]]:
     """The shipped alerting and recording groups, as the mixin must give them (for the tests)."""
-    groups = kubernetes.rule_groups()
+    return _split(kubernetes.rule_groups())
+
+
+def _split(groups: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The groups that hold an alert, and those of recording rules only."""
     return ([group for group in groups if any("alert" in rule for rule in group["rules"])],
             [group for group in groups if all("record" in rule for rule in group["rules"])])
 
