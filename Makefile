@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SCENARIO ?= lr-too-high
 PORT ?= 9945
 
-.PHONY: install tools slurm-tools demo exporter-demo lint check test bench generate fixtures clean
+.PHONY: install tools slurm-tools bench-tools demo exporter-demo lint check test bench generate fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ slurm-tools:
 	    --no-install-recommends slurmctld slurmd munge slurm-client >/dev/null; \
 	fi
 
+# mtail from Debian: the ingest benchmark's reference, measured in the same run.
+bench-tools:
+	@if ! command -v mtail >/dev/null; then \
+	  echo "installing Debian's mtail"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends mtail >/dev/null; \
+	fi
+
 # The exporter following a simulated verl run (SCENARIO, default lr-too-high) with 8 fake GPUs, a
 # real Prometheus with the shipped rules and a real Alertmanager, all on 127.0.0.1; prints the URLs.
 demo: install tools
@@ -62,7 +69,7 @@ test: install tools slurm-tools lint
 # Benchmarks (not part of `make test`): scrape cost against node_exporter, ingestion, overhead,
 # rule evaluation at scale, a fleet of runs, the dashboards and rule groups at 1,000 nodes. Prints tables and
 # writes bench-results/*.json. About 35 minutes.
-bench: install tools
+bench: install tools bench-tools
 	$(PY) tests/benchmarks/run.py
 
 # Regenerate the shipped files (grafana/dashboards/; alerts/: alert and recording rules, Alertmanager
