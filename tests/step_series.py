@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
+from verl_exporter.alerting.render import STEP_STATISTICS_FILE as STEP_STATISTICS_NAME
 from verl_exporter.shipped import rules_dir
 from verl_exporter.store.step_windows import WATCHED, StepWindow
 
-STEP_STATISTICS_FILE = (rules_dir() / "verl-step-statistics.rules.yml").resolve()
+STEP_STATISTICS_FILE = (rules_dir() / STEP_STATISTICS_NAME).resolve()
 
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 _NUMBER = r"(?:[+-]?[0-9.]+(?:e[+-]?[0-9]+)?|NaN|[+-]?Inf)"

@@ -18,6 +18,7 @@ import json
 import re
 from pathlib import Path
 
+from .. import shipped
 from . import kubernetes
 
 GENERATED = Path("mixin/generated")
@@ -46,8 +47,7 @@ def _jsonnet(value: object) -> str:
 def parts() -> dict[Path, str]:
     """The generated parts, by path under the checkout."""
     alerting, recording = _split(kubernetes.rule_groups(runbook_url=_RUNBOOK, dashboard_url=_GRAFANA))
-    dashboards = sorted(path.name for path in (Path(__file__).resolve().parents[3] / "grafana" / "dashboards")
-                        .glob("*.json"))
+    dashboards = sorted(path.name for path in shipped.dashboards_dir().glob("*.json"))
     imports = ",\n".join(f"    {json.dumps(name)}: import '../../grafana/dashboards/{name}'" for name in dashboards)
     return {
         GENERATED / "alerts.libsonnet": _HEADER + "{\n  prometheusAlerts+:: {\n    groups+: "
