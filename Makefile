@@ -80,8 +80,8 @@ RUNBOOK_URL ?= http://localhost:9945/runbook
 # Every alert's dashboard_url opens a shipped dashboard (the run's, the node's or the fleet's) in this Grafana.
 DASHBOARD_URL ?= http://localhost:3000
 generate: install
-	PYTHONPATH=grafana $(PY) -m verl_dashboards
-	$(PY) -m verl_exporter.alerting --runbook-url '$(RUNBOOK_URL)' --dashboard-url '$(DASHBOARD_URL)'
+	$(PY) -m verl_mixin.dashboards
+	$(PY) -m verl_mixin --runbook-url '$(RUNBOOK_URL)' --dashboard-url '$(DASHBOARD_URL)'
 
 # Regenerate tests/fixtures/verl/ with each verl release's own code (not part of `make test`).
 # Installs the releases from PyPI under /tmp/verl-fixtures; RELEASES="0.9.1 0.6.1" for some.

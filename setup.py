@@ -1,5 +1,5 @@
-"""The wheel's one build step beyond pyproject.toml: the shipped files, kept once at the top of the
-checkout (``alerts/``, ``grafana/dashboards/``), are copied into the package as
+"""The wheel's one build step beyond pyproject.toml: the shipped files, kept once in the checkout
+(``alerts/``, ``grafana/dashboards/``, the mixin's ``catalog.yaml``), are copied into the package as
 ``verl_exporter/_files/`` (``verl_exporter.shipped`` finds them there when installed)."""
 
 from pathlib import Path
@@ -9,7 +9,8 @@ from setuptools.command.build_py import build_py
 
 # checkout path -> its place in _files/ (alerts/secrets/, where an operator keeps Alertmanager's, stays out)
 SHIPPED = {"alerts/rules": "alerts/rules", "alerts/alertmanager": "alerts/alertmanager",
-           "alerts/RUNBOOK.md": "alerts/RUNBOOK.md", "grafana/dashboards": "dashboards"}
+           "alerts/RUNBOOK.md": "alerts/RUNBOOK.md", "grafana/dashboards": "dashboards",
+           "mixin/catalog.yaml": "catalog.yaml"}
 
 
 class BuildWithShippedFiles(build_py):

@@ -35,5 +35,5 @@ pids="$pids $!"
 
 echo "collecting data for $MINUTES minutes..."
 sleep $((MINUTES * 60))
-PYTHONPATH=grafana $PY -m verl_dashboards.preview --prometheus http://127.0.0.1:19090 --out docs/img \
+$PY -m verl_mixin.dashboards.preview --prometheus http://127.0.0.1:19090 --out docs/img \
     --minutes "$MINUTES" --var verl-run:experiment=lr-too-high --var verl-gpu:instance=127.0.0.1:19947

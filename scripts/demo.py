@@ -30,7 +30,7 @@ import yaml
 
 from stand_in_receiver import Receiver, describe  # scripts/, beside this file
 from verl_exporter import simulate
-from verl_exporter.alerting import local
+from verl_mixin import local
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """A stand-in for Slack and PagerDuty on 127.0.0.1: records (and hands to a callback) every JSON body
 Alertmanager POSTs to it, and answers as they do. The demo prints what it receives; the end-to-end
-tests read it. Alertmanager reaches it through the config of ``verl_exporter.alerting.local``
+tests read it. Alertmanager reaches it through the config of ``verl_mixin.local``
 (``PAGERDUTY_PATH``, ``SLACK_PATHS``).
 """
 

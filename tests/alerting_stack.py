@@ -1,6 +1,6 @@
 """The whole alerting pipeline on loopback, for end-to-end tests: the exporter, a real Prometheus with
 the shipped rules (durations scaled), a real Alertmanager with the shipped config, and a receiver
-standing in for Slack and PagerDuty (scripts/stand_in_receiver.py), wired by verl_exporter.alerting.local."""
+standing in for Slack and PagerDuty (scripts/stand_in_receiver.py), wired by verl_mixin.local."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from servers import prom_query, start_alertmanager, start_exporter, start_prometheus
 from stand_in_receiver import Receiver
-from verl_exporter.alerting import local
+from verl_mixin import local
 
 
 class AlertingStack:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from verl_exporter.alerting.render import STEP_STATISTICS_FILE as STEP_STATISTICS_NAME
 from verl_exporter.shipped import rules_dir
 from verl_exporter.store.step_windows import WATCHED, StepWindow
+from verl_mixin.render import STEP_STATISTICS_FILE as STEP_STATISTICS_NAME
 
 STEP_STATISTICS_FILE = (rules_dir() / STEP_STATISTICS_NAME).resolve()
 

@@ -55,7 +55,7 @@ COMMANDS = (
     Command("simulate", "verl_exporter.simulate.logs", "write a simulated verl run to a file, step by step"),
     Command("backfill", "verl_exporter.history.backfill", "turn verl logs into timestamped samples and TSDB blocks"),
     Command("replay", "verl_exporter.history.replay", "evaluate the alert rules over a run's history"),
-    Command("rules", "verl_exporter.alerting.generate", "write the shipped rules with another runbook base"),
+    Command("rules", "verl_mixin.generate", "write the shipped rules with another runbook base"),
     Command("slurm-sd", "verl_exporter.schedulers.slurm_sd", "Prometheus HTTP service discovery for Slurm jobs"),
 )
 

@@ -1,8 +1,9 @@
 """Where the files the project ships live: alert and recording rules, the Alertmanager config and
-templates, and the runbook under ``alerts/``; the Grafana dashboards under ``grafana/dashboards/``.
+templates, and the runbook under ``alerts/``; the Grafana dashboards under ``grafana/dashboards/``; the
+catalog in the mixin (``mixin/catalog.yaml``).
 
-They are generated (``python -m verl_exporter.alerting``, ``python -m verl_dashboards``) and kept in
-one copy at the top of the checkout. The wheel's build copies both folders into the package
+The rules and dashboards are generated from the mixin (``python -m verl_mixin``, ``python -m
+verl_mixin.dashboards``) and kept in one copy in the checkout. The wheel's build copies them into the package
 (``verl_exporter/_files/``, see ``setup.py``), so an installed exporter finds them wherever it is
 installed; a checkout or an editable install reads the checkout's own. A leaf module: it imports
 nothing of the package.
@@ -61,6 +62,12 @@ def alertmanager_templates() -> Path:
 def dashboards_dir() -> Path:
     """The folder of the Grafana dashboards (``*.json``)."""
     return (PACKAGED / "dashboards") if PACKAGED.is_dir() else CHECKOUT / "grafana" / "dashboards"
+
+
+def catalog() -> Path:
+    """catalog.yaml: every metric of the guide (its verl keys, name, unit, help) and every threshold of the
+    rules and dashboards; kept in the mixin (``mixin/catalog.yaml``), read by the exporter at run time."""
+    return (PACKAGED / "catalog.yaml") if PACKAGED.is_dir() else CHECKOUT / "mixin" / "catalog.yaml"
 
 
 def runbook() -> Path:

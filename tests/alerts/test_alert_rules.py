@@ -15,10 +15,10 @@ import yaml
 import step_series
 from servers import REPO, require_binary
 from verl_exporter import shipped
-from verl_exporter.alerting import generate, model, render
-from verl_exporter.alerting.departures import DEPARTURES
 from verl_exporter.config.durations import parse_duration
 from verl_exporter.store.catalog import Catalog, default_catalog
+from verl_mixin import generate, model, render
+from verl_mixin.departures import DEPARTURES
 
 TESTS = Path(__file__).resolve().parent
 TEST_FILES = sorted(TESTS.glob("*.test.yml"))

@@ -12,8 +12,8 @@ import yaml
 
 from servers import require_binary
 from verl_exporter import shipped
-from verl_exporter.alerting import local, render
 from verl_exporter.store.catalog import default_catalog
+from verl_mixin import local, render
 
 CONFIG = shipped.alertmanager_config()
 TEMPLATES = shipped.alertmanager_templates() / "verl.tmpl"

@@ -10,7 +10,7 @@ import pytest
 
 from servers import REPO, require_binary
 from verl_exporter import shipped
-from verl_exporter.alerting import jsonnet, kubernetes
+from verl_mixin import jsonnet, kubernetes
 
 
 def evaluate(snippet: str) -> object:

@@ -29,8 +29,8 @@ import yaml
 from alerting_stack import ChatReceiver
 from servers import require_binary, start_alertmanager, wait_until
 from verl_exporter import shipped
-from verl_exporter.alerting import local, render
 from verl_exporter.store.catalog import default_catalog
+from verl_mixin import local, render
 
 CONFIG = shipped.alertmanager_config()
 SHIPPED_RECEIVERS = ["pagerduty", "slack-alerts", "slack-low-priority"]
@@ -194,7 +194,7 @@ def notify_attempts(alertmanager, integration: str) -> tuple[float, float]:
 def enabled(tmp_path, monkeypatch, request):
     """(option, stand-in receiver, Alertmanager): the shipped config with the option uncommented and
     made the only receiver of every route, its URL at the stand-in; secrets, templates and timings as
-    the end-to-end stack has them (verl_exporter/alerting/local.py)."""
+    the end-to-end stack has them (verl_mixin/local.py)."""
     name = request.param
     receiver = ChatReceiver().__enter__()
     uncommented = tmp_path / "uncommented.yml"

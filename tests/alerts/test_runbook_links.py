@@ -13,12 +13,12 @@ import yaml
 
 from servers import REPO, http_get, start_exporter
 from verl_exporter import shipped
-from verl_exporter.alerting import kubernetes, render
-from verl_exporter.alerting.generate import stale_files
 from verl_exporter.cli import main
 from verl_exporter.exposition import Exposition
 from verl_exporter.http.server import RUNBOOK_PATH, serve
 from verl_exporter.http.web_config import WebConfig
+from verl_mixin import kubernetes, render
+from verl_mixin.generate import stale_files
 
 BASE = render.DEFAULT_RUNBOOK_URL
 PROMETHEUS_RULE = REPO / kubernetes.PROMETHEUS_RULE_FILE

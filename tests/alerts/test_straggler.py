@@ -17,7 +17,7 @@ import yaml
 import step_series
 from servers import require_binary
 from verl_exporter import shipped
-from verl_exporter.alerting import nodes, render
+from verl_mixin import nodes, render
 
 TESTS = Path(__file__).resolve().parent
 TEST_FILE = TESTS / "straggler.test.yml"

@@ -82,9 +82,6 @@ REFERENCE = "count(verl_gpu_up)"
 # A few GPUs with errors, a few runs with a firing alert: the panels that show "which have any" have rows.
 ECC_EVERY, XID_EVERY, ALERT_EVERY = 97, 131, 10
 
-GRAFANA = REPO / "grafana"
-if str(GRAFANA) not in sys.path:
-    sys.path.insert(0, str(GRAFANA))
 
 
 # -- the fleet -------------------------------------------------------------------------------------
@@ -506,7 +503,7 @@ class Backend:
 def fill_variables(backend: Backend, dashboard: dict, *, pick_all: bool) -> tuple[dict, list[dict]]:
     """Each variable's value, as Grafana picks it (All where offered and asked for or the default, else the
     first value; a constant or custom variable's current value), and the time of each variable query."""
-    from verl_dashboards.model import (
+    from verl_mixin.dashboards.model import (
         label_values_query,
         may_be_empty,
         substitute,
@@ -536,7 +533,7 @@ def fill_variables(backend: Backend, dashboard: dict, *, pick_all: bool) -> tupl
 
 
 def dashboard_queries(backend: Backend, filename: str, dashboard: dict) -> list[dict]:
-    from verl_dashboards.model import BUILTINS, panels, substitute
+    from verl_mixin.dashboards.model import BUILTINS, panels, substitute
 
     values, timings = fill_variables(backend, dashboard, pick_all=filename != "run-detail.json")
     saved = dict(BUILTINS)

@@ -1,20 +1,12 @@
-"""The committed Grafana dashboards, for the dashboard tests (puts ``grafana/`` on the import path)."""
+"""The committed Grafana dashboards, for the dashboard tests."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from verl_exporter import shipped
-
-REPO = Path(__file__).resolve().parents[2]
-GRAFANA = REPO / "grafana"
-DASHBOARDS_DIR = shipped.dashboards_dir()
-if str(GRAFANA) not in sys.path:
-    sys.path.insert(0, str(GRAFANA))
-
-from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
+from verl_mixin.dashboards.model import (
     fixed_value,
     gated,
     gated_rows,
@@ -26,7 +18,10 @@ from verl_dashboards.model import (  # noqa: E402  (needs grafana/ on the path)
     variable_value,
     variables,
 )
-from verl_dashboards.model import targets as _targets  # noqa: E402
+from verl_mixin.dashboards.model import targets as _targets
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS_DIR = shipped.dashboards_dir()
 
 __all__ = ["REPO", "DASHBOARDS_DIR", "load_dashboards", "panels", "targets", "variables", "variable_query",
            "substitute", "label_values_query", "variable_value", "may_be_empty", "gated", "gated_rows", "fixed_value"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dashboard_models  # noqa: F401  (puts grafana/ on the import path)
 import pytest
 
-from verl_dashboards import fleet
-from verl_dashboards.preview import colour_for, fill_variables, format_value, merge_table
+from verl_mixin.dashboards import fleet
+from verl_mixin.dashboards.preview import colour_for, fill_variables, format_value, merge_table
 
 STEPS = [{"color": "orange", "value": None}, {"color": "green", "value": 0.05}, {"color": "red", "value": 0.3}]
 

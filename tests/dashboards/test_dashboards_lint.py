@@ -18,20 +18,20 @@ from dashboard_lint import (
 )
 from dashboard_models import DASHBOARDS_DIR, REPO, load_dashboards, panels, targets
 
-import verl_dashboards
-from verl_dashboards import __main__ as generate
-from verl_dashboards.common import healthy_steps, render
+import verl_mixin.dashboards
 from verl_exporter.store.catalog import default_catalog
+from verl_mixin.dashboards import __main__ as generate
+from verl_mixin.dashboards.common import healthy_steps, render
 
 EXPECTED_UIDS = {"fleet-overview.json": "verl-fleet", "run-detail.json": "verl-run", "gpu-nodes.json": "verl-gpu"}
 DASHBOARDS = load_dashboards()
 
 
 def test_committed_json_is_what_the_code_generates():
-    assert sorted(DASHBOARDS) == sorted(verl_dashboards.BUILDERS)
-    for filename, model in verl_dashboards.build_all().items():
+    assert sorted(DASHBOARDS) == sorted(verl_mixin.dashboards.BUILDERS)
+    for filename, model in verl_mixin.dashboards.build_all().items():
         committed = (DASHBOARDS_DIR / filename).read_text(encoding="utf-8")
-        assert committed == render(model), f"{filename} is stale: run `PYTHONPATH=grafana python -m verl_dashboards`"
+        assert committed == render(model), f"{filename} is stale: run `python -m verl_mixin.dashboards`"
 
 
 def test_check_mode_reports_a_stale_or_missing_file(tmp_path, capsys):

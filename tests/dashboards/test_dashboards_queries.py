@@ -34,8 +34,8 @@ from dashboard_models import (
 from metrics_server import MetricsServer
 from owner import ME
 from servers import prom_query, start_exporter, start_prometheus, wait_until
-from verl_dashboards import fleet
 from verl_exporter import shipped
+from verl_mixin.dashboards import fleet
 
 DASHBOARDS = load_dashboards()
 # A training diagnosis (one of the alerts run:verl_training_diagnosed:firing reads), for the goodput row.

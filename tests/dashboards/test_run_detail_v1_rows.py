@@ -30,7 +30,7 @@ from dashboard_models import (
 from test_dashboards_queries import api, run_query
 
 from servers import prom_query, start_exporter, start_prometheus, wait_until
-from verl_dashboards.common import RUN
+from verl_mixin.dashboards.common import RUN
 
 RUN_DETAIL = load_dashboards()["run-detail.json"]
 FIXTURES = REPO / "tests" / "fixtures" / "verl" / "0.9.1"

@@ -49,7 +49,7 @@ def test_panel_texts_quote_the_catalogs_thresholds_and_follow_a_change(monkeypat
     there, the text follows (as the rule does: test_rules_follow_a_changed_catalog_threshold)."""
     import dataclasses
 
-    from verl_dashboards import common, run_detail
+    from verl_mixin.dashboards import common, run_detail
 
     def descriptions() -> str:
         return "\n".join(panel.get("description", "") for panel in panels(run_detail.build()))

@@ -5,7 +5,7 @@ Two stand-in servers answer /metrics with the names and types the engines docume
 file with their run's labels, as prometheus/prometheus.yml's "rollout" job reads them. A third
 stand-in serves the head exporter's step timings of three runs (job "verl"). Prometheus evaluates
 the shipped recording rules and verl-performance.rules.yml, durations scaled down
-(verl_exporter/alerting/local.py): the per-run rollout figures must come from either engine, and
+(verl_mixin/local.py): the per-run rollout figures must come from either engine, and
 VerlGenerationKvCacheBound must fire for the vLLM run (KV cache full) and the SGLang run
 (retractions), not for the run whose engine has room.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from metrics_server import MetricsServer
 from servers import prom_query, start_prometheus, wait_until
-from verl_exporter.alerting import local
+from verl_mixin import local
 
 TIME_SCALE = 1 / 150  # 15 m for -> 6 s, 5 m rate windows -> 2 s, at least MIN_RANGE
 MIN_RANGE = 4.0

@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "tests" / "dashboards"))
 from dashboard_models import gated, panels, substitute  # noqa: E402
 from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
 
-from verl_exporter.alerting import local  # noqa: E402
 from verl_exporter.shipped import rule_files  # noqa: E402
+from verl_mixin import local  # noqa: E402
 
 CONFIG_DIR = REPO / "prometheus" / "victoriametrics"
 MEMBERS = 2

@@ -29,8 +29,8 @@ from dashboard_models import panels, substitute  # noqa: E402
 from test_dashboards_queries import DASHBOARDS, fill_variables, run_query  # noqa: E402
 
 from stand_in_receiver import Receiver  # noqa: E402
-from verl_exporter.alerting import local  # noqa: E402
 from verl_exporter.shipped import rule_files  # noqa: E402
+from verl_mixin import local  # noqa: E402
 
 STEP_SECONDS = 0.2
 TIME_SCALE = STEP_SECONDS / 60

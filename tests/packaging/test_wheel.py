@@ -33,7 +33,7 @@ def installed(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     source = work / "source"  # what exporter/Dockerfile copies, so that the build leaves the checkout alone
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("exporter", "alerts", "grafana/dashboards"):
+    for folder in ("exporter", "mixin", "alerts", "grafana/dashboards"):
         shutil.copytree(REPO / folder, source / folder, ignore=skip)
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copyfile(REPO / name, source / name)
@@ -64,8 +64,10 @@ def run(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_package_and_its_data_come_from_the_wheel(installed, tmp_path):
-    probe = ("import json, verl_exporter, verl_exporter.shipped as s; "
-             "print(json.dumps({'package': verl_exporter.__file__, "
+    probe = ("import json, verl_exporter, verl_mixin, verl_exporter.shipped as s; "
+             "from verl_exporter.store.catalog import default_catalog; "
+             "print(json.dumps({'package': verl_exporter.__file__, 'mixin': verl_mixin.__file__, "
+             "'catalog': str(s.catalog()), 'metrics': len(default_catalog().metrics), "
              "'rules': [str(p) for p in s.rule_files()], 'runbook': str(s.runbook()), "
              "'alertmanager': str(s.alertmanager_config()), "
              "'dashboards': sorted(p.name for p in s.dashboards_dir().glob('*.json')), "
@@ -74,7 +76,9 @@ def test_the_package_and_its_data_come_from_the_wheel(installed, tmp_path):
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
     venv_dir = installed.parent.resolve()
-    assert Path(found["package"]).resolve().is_relative_to(venv_dir), found["package"]
+    for key in ("package", "mixin", "catalog"):  # the mixin's code and catalog come with the exporter
+        assert Path(found[key]).resolve().is_relative_to(venv_dir), found[key]
+    assert found["metrics"] > 50
     names = sorted(Path(path).name for path in found["rules"])
     assert names == sorted([path.name for path in (REPO / "alerts/rules").glob("*.yml")])
     assert all(Path(path).resolve().is_relative_to(venv_dir) for path in found["rules"])

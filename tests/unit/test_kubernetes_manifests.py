@@ -65,8 +65,8 @@ import re  # noqa: E402
 
 import k8s_schemas  # noqa: E402
 from verl_exporter import shipped  # noqa: E402
-from verl_exporter.alerting import generate  # noqa: E402
-from verl_exporter.alerting import kubernetes as rule_generator  # noqa: E402
+from verl_mixin import generate  # noqa: E402
+from verl_mixin import kubernetes as rule_generator  # noqa: E402
 
 
 def documents(path):

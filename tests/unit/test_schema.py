@@ -1,4 +1,5 @@
-"""The schema is what the collectors serve, and the package's imports point one way only."""
+"""The schema is what the collectors serve, and the imports of the exporter and of the mixin point one
+way only."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from verl_exporter.store.catalog import default_catalog, is_reserved
 from verl_exporter.store.run_store import RunStore
 
 PACKAGE = Path(schema.__file__).parent
+MIXIN = PACKAGE.parents[1] / "mixin" / "verl_mixin"  # the rules and dashboards, which read the exporter's schema
+ROOTS = {"verl_exporter": PACKAGE, "verl_mixin": MIXIN}
 CATALOG = default_catalog()
 
 
@@ -83,14 +86,23 @@ def test_the_clock_event_reasons_nvml_reads_are_named_in_the_help():
     assert all(state in schema.GPUS["remapped_rows"].help for state in REMAPPED_ROW_STATES)
 
 
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in ROOTS
+
+
+def _module_name(path: Path) -> str:
+    root = next(top for top in ROOTS.values() if path.is_relative_to(top))
+    return ".".join(path.relative_to(root.parent).with_suffix("").parts)
+
+
 def _imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports, at the top or inside a function alike."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    """The modules of the exporter and the mixin that ``path`` imports, at the top or inside a function alike."""
+    module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("verl_exporter")}
+            found |= {alias.name for alias in node.names if _ours(alias.name)}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -98,7 +110,7 @@ def _imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if not target.startswith("verl_exporter"):
+            if not _ours(target):
                 continue
             for alias in node.names:  # ``from . import schema`` imports the module schema
                 candidate = f"{target}.{alias.name}"
@@ -107,8 +119,9 @@ def _imports(path: Path) -> set[str]:
 
 
 def _module_path(name: str) -> Path | None:
-    relative = Path(*name.split("."))
-    for path in (PACKAGE.parent / relative.with_suffix(".py"), PACKAGE.parent / relative / "__init__.py"):
+    top, *rest = name.split(".")
+    relative = Path(ROOTS[top], *rest)
+    for path in (relative.with_suffix(".py"), relative / "__init__.py"):
         if path.exists():
             return path
     return None
@@ -116,8 +129,8 @@ def _module_path(name: str) -> Path | None:
 
 def _graph() -> dict[str, set[str]]:
     graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    for path in [*PACKAGE.rglob("*.py"), *MIXIN.rglob("*.py")]:
+        module = _module_name(path).removesuffix(".__init__")
         graph[module] = _imports(path) - {module}
     return graph
 
@@ -166,10 +179,12 @@ def test_a_package_is_a_node_of_its_modules_imports():
 
 
 def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The module graph folded onto the package's sub-packages (``verl_exporter.http``, ...); a module of
-    the package root stays a node of its own."""
+    """The module graph folded onto the exporter's sub-packages (``verl_exporter.http``, ...) and the mixin
+    (one node, ``verl_mixin``); a module of the exporter's root stays a node of its own."""
     def package(module: str) -> str:
         parts = module.split(".")
+        if parts[0] == "verl_mixin":
+            return "verl_mixin"
         return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else module
 
     folded: dict[str, set[str]] = {}
@@ -182,6 +197,7 @@ def test_no_import_cycle_between_the_sub_packages():
     packages = _packages(_graph())
     assert {"verl_exporter.config", "verl_exporter.http", "verl_exporter.store"} <= set(packages)
     assert "verl_exporter.config" in packages["verl_exporter.http"]  # http reads its files through config
+    assert "verl_exporter.store" in packages["verl_mixin"]  # the rules render from the exporter's catalog
     assert _cycle(packages) is None, " -> ".join(_cycle(packages) or [])
 
 

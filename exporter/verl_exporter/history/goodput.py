@@ -1,6 +1,6 @@
 """A replayed run's goodput ledger: its GPU-seconds by bucket (``store.ledger``), as the exporter
 served them at the run's end, and those it spent after a diagnosis: while any of its diagnoses fired
-(``alerting.render.diagnoses``: collapse, no signal, NaN), until it recovered or ended, attributed to the
+(``verl_mixin.render.diagnoses``: collapse, no signal, NaN), until it recovered or ended, attributed to the
 one that fired first.
 """
 
@@ -41,7 +41,7 @@ class RunLedger:
 
 
 def _diagnoses() -> frozenset[str]:
-    from verl_exporter.alerting.render import diagnoses
+    from verl_mixin.render import diagnoses
 
     return frozenset(diagnoses())
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from verl_exporter import schema
+from verl_exporter import schema, shipped
 
-CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+CATALOG_PATH = shipped.catalog()
 PREFIX = "verl_"
 GIB = 1 << 30
 MIB = 1 << 20

@@ -1,7 +1,7 @@
 """Write the dashboards to grafana/dashboards/, or with --check, fail if the
 committed JSON is stale.
 
-    PYTHONPATH=grafana .venv/bin/python -m verl_dashboards [--check] [--out DIR]
+    .venv/bin/python -m verl_mixin.dashboards [--check] [--out DIR]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .common import render
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl_dashboards", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="verl_mixin.dashboards", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     parser.add_argument("--out", type=Path, default=DASHBOARDS_DIR, help="directory of the JSON files")
     args = parser.parse_args(argv)
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path} ({len(model['panels'])} panels)")
     if stale:
-        print("stale dashboards (regenerate with `python -m verl_dashboards`): " + ", ".join(stale), file=sys.stderr)
+        print("stale dashboards (regenerate with `python -m verl_mixin.dashboards`): " + ", ".join(stale),
+              file=sys.stderr)
         return 1
     return 0
 

@@ -6,6 +6,6 @@ Numbers in expressions are ``${verl/key:threshold}`` placeholders filled in from
 catalog, so the catalog is the one place to change a threshold; ``${...}`` is the one placeholder
 syntax of the definitions (``model.py`` lists its forms). ``render.py`` renders the rule files,
 RUNBOOK.md and docs/alerts.md, ``kubernetes.py`` the PrometheusRule; ``python -m
-verl_exporter.alerting`` (``generate.py``, run by ``make generate``) writes them into
+verl_mixin`` (``generate.py``, run by ``make generate``) writes them into
 ``alerts/`` and the checkout, ``--check`` fails when they are stale.
 """

@@ -1,13 +1,14 @@
-"""verl-exporter's Grafana dashboards as code (grafana-foundation-sdk); ``python -m verl_dashboards`` writes them."""
+"""verl-exporter's Grafana dashboards as code (grafana-foundation-sdk); ``python -m verl_mixin.dashboards``
+writes them."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from verl_exporter import shipped
 
 from . import fleet, gpu_nodes, run_detail
 
-# grafana/dashboards/ (verl_exporter.shipped.dashboards_dir() in this checkout).
-DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
+# grafana/dashboards/ of the checkout, where the generated dashboards are kept.
+DASHBOARDS_DIR = shipped.CHECKOUT / "grafana" / "dashboards"
 
 # File name in DASHBOARDS_DIR -> builder.
 BUILDERS = {

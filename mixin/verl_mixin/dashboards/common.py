@@ -1,7 +1,7 @@
 """Building blocks shared by the dashboards: datasource, variables, queries, panels, thresholds.
 
 Descriptions, units and threshold colours of training panels come from the exporter's metric
-catalog (``verl_exporter/store/catalog.yaml``), so a dashboard cannot disagree with the alert rules about
+catalog (``mixin/catalog.yaml``), so a dashboard cannot disagree with the alert rules about
 what is healthy. Colours: green inside the catalog's healthy range, orange below it, red above it;
 a one-sided range is red on its bad side. A metric without a healthy range is drawn in the text
 colour (no judgement).

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from .. import shipped
+from verl_exporter import shipped
+
 from . import render
 
 DUMMY_ROUTING_KEY = "dummyroutingkey0123456789abcdef0"  # 32 characters, like a real one

@@ -1,6 +1,6 @@
 """Write every generated file of the alerts, or with ``--check``, name those that are out of date.
 
-    python -m verl_exporter.alerting [--check] [--runbook-url URL] [--dashboard-url URL] [--root DIR]
+    python -m verl_mixin [--check] [--runbook-url URL] [--dashboard-url URL] [--root DIR]
 
 writes, under the checkout (``--root``): the alert and recording rules and RUNBOOK.md into
 ``alerts/``, docs/alerts.md and
@@ -55,7 +55,7 @@ def _write(files: dict[Path, str], root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_exporter.alerting", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m verl_mixin", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is out of date")
     parser.add_argument("--runbook-url", default=render.DEFAULT_RUNBOOK_URL, metavar="URL",
                         help="base of every alert's runbook_url, before #anchor (default: %(default)s)")

@@ -14,7 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, DynamicConfigValue
 
-from verl_exporter.alerting import fleet, goodput
+from verl_mixin import fleet, goodput
 
 from . import run_detail
 from .common import (

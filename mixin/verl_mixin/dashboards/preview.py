@@ -6,7 +6,7 @@ value), and each panel is drawn at its grid position: time series as lines with 
 stats as a coloured number, bar gauges as bars, tables as tables. Needs matplotlib (not a project dependency):
 
     pip install matplotlib
-    PYTHONPATH=grafana python -m verl_dashboards.preview --prometheus http://127.0.0.1:9090 --out docs/img
+    python -m verl_mixin.dashboards.preview --prometheus http://127.0.0.1:9090 --out docs/img
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def _shrink(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="verl_dashboards.preview", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="verl_mixin.dashboards.preview", description=__doc__.splitlines()[0])
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
     parser.add_argument("--out", type=Path, default=Path("docs/img"), help="directory for the PNG files")
     parser.add_argument("--minutes", type=float, default=15, help="time range of the graphs")

@@ -20,7 +20,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableOption,
 )
 
-from verl_exporter.alerting import nodes
+from verl_mixin import nodes
 
 from . import rollout, v1
 from .common import (

@@ -12,7 +12,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from .common import GREEN, NEUTRAL, ORANGE, RED, RUN, describe, query, steps, timeseries_panel
 
-KV_CACHE_SATURATED = 0.95  # verl_exporter/alerting/rollout.py: VerlGenerationKvCacheBound
+KV_CACHE_SATURATED = 0.95  # verl_mixin/rollout.py: VerlGenerationKvCacheBound
 SOURCE = ("From the run's rollout servers (the rollout scrape job; vLLM or SGLang metric names, "
           "the shipped recording-rules.yml).")
 

@@ -16,7 +16,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table, timeseries
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
-from verl_exporter.alerting import fleet
+from verl_mixin import fleet
 
 from .common import (
     DATASOURCE,
