@@ -1,10 +1,21 @@
 """YAML's safe loader without aliases, for every file the exporter reads (its options file, its web
 config, a run's config): none needs an alias, and aliases are what build a self-referencing
-mapping or an exponential "billion laughs" (gigabytes from a few hundred bytes)."""
+mapping or an exponential "billion laughs" (gigabytes from a few hundred bytes). The files the project
+ships (the catalog, the rule files) are read by libyaml's safe loader where PyYAML has it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
+
+# libyaml's safe loader: the same documents as yaml.SafeLoader, about ten times faster.
+FAST_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_shipped(text: str) -> Any:
+    """A shipped YAML file (the catalog, rule files): safe, and in C where PyYAML was built with libyaml."""
+    return yaml.load(text, Loader=FAST_SAFE_LOADER)  # noqa: S506 (a safe loader)
 
 
 class AliasRefused(yaml.YAMLError):

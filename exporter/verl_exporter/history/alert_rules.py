@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from verl_exporter import shipped
 from verl_exporter.config.durations import parse_duration
+from verl_exporter.config.yaml_files import load_shipped
 from verl_exporter.store.records import RunKey
 
 EVALUATION_INTERVAL = 15.0  # prometheus/prometheus.yml
@@ -76,7 +75,7 @@ def load_rules(paths: list[Path], default_interval: float = EVALUATION_INTERVAL)
     """The alerting rules of ``paths``, and the groups of the recording rules they read."""
     alerts, recording = [], []
     for path in paths:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_shipped(Path(path).read_text(encoding="utf-8")) or {}
         for group in data.get("groups") or []:
             interval = parse_duration(group.get("interval")) or default_interval
             records = [entry for entry in group.get("rules") or [] if "record" in entry]

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from verl_exporter import schema, shipped
+from verl_exporter.config.yaml_files import load_shipped
 
 CATALOG_PATH = shipped.catalog()
 PREFIX = "verl_"
@@ -176,7 +175,7 @@ class Catalog:
 
     @classmethod
     def load(cls, path: Path | str = CATALOG_PATH) -> "Catalog":
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_shipped(Path(path).read_text(encoding="utf-8"))
         metrics = [_metric_from_yaml(entry) for entry in data.get("metrics", [])]
         families = []
         for entry in data.get("families", []):
