@@ -117,3 +117,60 @@ def test_an_old_config_file_neither_makes_a_run_idle_nor_is_refused():
     step(store, "configured", 1, clock.now)
     clock.now += HOUR - 1
     assert runs(store) == ["configured"]
+
+
+class CountingDict(dict):
+    """The store's run table, counting the sweeps that walk it."""
+
+    walks = 0
+
+    def items(self):
+        CountingDict.walks += 1
+        return super().items()
+
+
+def test_a_quiet_store_skips_the_sweep_until_a_run_can_go_and_drops_it_on_time():
+    clock = Clock()
+    store = make_store(clock, retention=HOUR, idle_retention=10 * HOUR)
+    step(store, "done", 5, clock.now)
+    step(store, "done", 5, clock.now, finished=True)
+    step(store, "going", 5, clock.now)
+    store._runs = CountingDict(store._runs)
+    store.unfinished_runs()
+    CountingDict.walks = 0
+    for _ in range(3):  # nothing changed, and no run can go before an hour: no sweep walks the runs
+        clock.now += 60
+        store.unfinished_runs()
+    assert CountingDict.walks == 3  # the unfinished runs' own listing only
+    clock.now += HOUR - 3 * 60 + 1  # past the finished run's retention: swept, dropped on time
+    assert store.unfinished_runs() == [RunKey("p", "going")]
+    assert runs(store) == ["going"] and store.snapshot().runs_expired == {"finished": 1}
+
+
+def test_a_run_that_finishes_after_a_sweep_is_swept_again():
+    clock = Clock()
+    store = make_store(clock, retention=HOUR, idle_retention=10 * HOUR)
+    step(store, "late", 5, clock.now)
+    assert runs(store) == ["late"]  # swept: nothing can go for an hour
+    step(store, "late", 5, clock.now, finished=True)  # the store changed: the next call sweeps
+    clock.now += HOUR + 1
+    assert runs(store) == []
+
+
+def test_a_changed_retention_sweeps_again():
+    clock = Clock()
+    store = make_store(clock, retention=10 * HOUR)
+    step(store, "done", 5, clock.now, finished=True)
+    clock.now += 2 * HOUR
+    assert runs(store) == ["done"]
+    store.retention = HOUR
+    assert runs(store) == []
+
+
+def test_the_unfinished_runs_stop_at_a_limit():
+    store = make_store(Clock())
+    for name in "abcde":
+        step(store, name, 1, 10 * HOUR)
+    assert len(store.unfinished_runs()) == 5
+    assert len(store.unfinished_runs(limit=3)) == 3
+    assert store.unfinished_runs(limit=0) == []

@@ -66,8 +66,9 @@ class Scheduler:
         if self._job_runs is not None:
             runs.update(self._job_runs())
         elif self.store is not None:
-            followed = set(self.store.unfinished_runs())
-            if len(followed) <= self.max_runs():
+            most = self.max_runs()
+            followed = set(self.store.unfinished_runs(limit=most + 1))  # one more tells that there are too many
+            if len(followed) <= most:
                 runs.update(followed)
         return sorted(runs)
 

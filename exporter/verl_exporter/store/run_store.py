@@ -20,7 +20,9 @@ reuse what it rendered of an unchanged run.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 MAX_JOBS = 100_000  # jobs whose run is remembered for their other files (sources.pairing)
 ERROR_LINES = 20  # error lines kept per run, for the evidence of a stall or crash
 EXPIRY_CHECK_SECONDS = 1.0  # at most one retention sweep per second when the run cap is reached
+QUIET_MARGIN = 1e-3  # seconds: a skipped sweep is one that could not have dropped a run, rounding included
 OTHER_SOURCE = "other_source"  # values_dropped reason: a record naming a run another source feeds
 # A run whose feeding source wrote nothing for this long passes to the next source that names it: a
 # job resumed from a checkpoint writes a new log, often matched by the same glob.
@@ -61,6 +64,10 @@ class RunStore:
         self._runs_expired: Counter = Counter()
         self._cap_reached = False
         self._swept_at = float("-inf")
+        # No run can expire before this moment while nothing changed since the sweep that found it (the
+        # store's version and the retention): a scrape of many quiet runs skips the sweep.
+        self._quiet_until = float("-inf")
+        self._swept: tuple = ()
         self._version = 0
         self.max_series_per_run = max_series_per_run
         self.max_runs = max_runs
@@ -314,6 +321,11 @@ class RunStore:
         self._swept_at = now
         if not (self.retention or self.idle_retention):
             return
+        if now < self._quiet_until and self._swept == (self._version, self.retention, self.idle_retention):
+            return
+        # The soonest moment any run left could go, as if every run had finished: a run that finishes,
+        # resumes or logs again changes the version, which makes the next call sweep again.
+        soonest, bound = math.inf, min(self.retention or math.inf, self.idle_retention or math.inf)
         for key, state in list(self._runs.items()):
             age = now - state.active_at if state.active_at is not None else 0.0
             if self.retention and state.finished and age > self.retention:
@@ -321,6 +333,8 @@ class RunStore:
             elif self.idle_retention and age > self.idle_retention:
                 reason = "idle"
             else:
+                if state.active_at is not None:
+                    soonest = min(soonest, state.active_at + bound)
                 continue
             del self._runs[key]
             self._version += 1
@@ -329,6 +343,8 @@ class RunStore:
             if self._cap_reached:
                 self._cap_reached = False
                 log.info("a place under the run cap is free again")
+        self._quiet_until = soonest - QUIET_MARGIN
+        self._swept = (self._version, self.retention, self.idle_retention)
 
     @staticmethod
     def _checkpoint_started(state: RunState, step: int, moment: float) -> None:
@@ -461,11 +477,12 @@ class RunStore:
                     self._version += 1
                     state.version = self._version
 
-    def unfinished_runs(self) -> list[RunKey]:
-        """The runs that have not finished (retention applied first); copies no run."""
+    def unfinished_runs(self, limit: int | None = None) -> list[RunKey]:
+        """The runs that have not finished (retention applied first), the first ``limit`` of them where
+        given; copies no run."""
         with self._lock:
             self._expire(self.clock())
-            return [key for key, state in self._runs.items() if not state.finished]
+            return list(itertools.islice((key for key, state in self._runs.items() if not state.finished), limit))
 
     def _convert(self, state: RunState) -> None:
         """Turn the run's values still held as text into floats; a value that is no number is
