@@ -14,6 +14,7 @@ ask for.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 import threading
@@ -166,8 +167,9 @@ def text_parts(collectors: Iterable) -> list[Part]:
     (``collect()`` only) are rendered here."""
     parts: list[Part] = []
     for collector in collectors:
-        if isinstance(collector, RendersText):
-            parts += collector.text_parts()
+        own = getattr(collector, "text_parts", None)  # what isinstance(collector, RendersText) checks, at less cost
+        if callable(own):
+            parts += own()
         else:
             parts += (Part(family_text(metric)) for metric in collector.collect())
     return parts
@@ -183,6 +185,16 @@ def prefer_text_format(accept: str) -> str:
     parts = [part for part in accept.split(",") if part.split(";")[0].strip() != "application/openmetrics-text"]
     takes_text = any(part.split(";")[0].strip() in ("text/plain", "*/*") for part in parts)
     return ",".join(parts) if takes_text else accept
+
+
+@functools.lru_cache(maxsize=64)
+def _encoder(accept: str) -> tuple[Callable, str]:
+    """(encoder, content type) for an Accept header, as client_python chooses; remembered, since a
+    scraper sends the same header every time."""
+    try:
+        return choose_encoder(prefer_text_format(accept))
+    except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
+        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
 
 
 class NameFilter:
@@ -300,10 +312,7 @@ class Exposition:
         """(body, content type) for a client that sends ``accept`` and asks for ``names`` (all
         when None); gzipped with ``compressed``; rendered after ``arrived`` (default: now)."""
         arrived = self.clock() if arrived is None else arrived
-        try:
-            encoder, content_type = choose_encoder(prefer_text_format(accept))
-        except Exception:  # client_python cannot read e.g. "version=abc"; promhttp falls back to text too
-            encoder, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        encoder, content_type = _encoder(accept)
         if encoder is generate_latest and not names:
             return self.text(compressed, arrived), content_type
         wanted = tuple(sorted(set(names))) if names else None
