@@ -46,6 +46,7 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+@functools.lru_cache(maxsize=64)  # a scraper sends the same header every time
 def accepts_gzip(accept_encoding: str) -> bool:
     """Whether an ``Accept-Encoding`` header prefers gzip to identity, q-values (RFC 9110) honoured.
 
@@ -71,6 +72,29 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return gzip_q > 0 and gzip_q >= identity_q
 
 
+class _Batch:
+    """Scrapes that wait for one ``encode`` call on the render pool: they join it until it begins,
+    and it renders after the last of them arrived (a rendering shared with others is newer still)."""
+
+    def __init__(self, arrived: float):
+        self.arrived = arrived
+        self.begun = False
+        self.lock = threading.Lock()
+        self.future: asyncio.Future | None = None
+
+    def join(self, arrived: float) -> bool:
+        """Wait for this call too; False once it has begun."""
+        with self.lock:
+            if not self.begun:
+                self.arrived = max(self.arrived, arrived)
+            return not self.begun
+
+    def run(self, encode: Callable[..., tuple[bytes, str]]) -> tuple[bytes, str]:
+        with self.lock:
+            self.begun = True
+        return encode(arrived=self.arrived)
+
+
 class ExporterHTTPServer(ConnectionServer):
     """The exporter's routes and basic auth over ``ConnectionServer``: listens at construction
     (OSError if the address is taken); ``serve_forever()`` serves until ``shutdown()``;
@@ -91,6 +115,7 @@ class ExporterHTTPServer(ConnectionServer):
         self.evidence_remote = False
         super().__init__(address, web or WebConfig(), HEADER_TIMEOUT, WRITE_TIMEOUT)
         self.render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="http-render")
+        self._batches: dict[tuple, _Batch] = {}  # (accept, names, gzip) -> the render call not yet begun
         self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="http-auth")
 
     @property
@@ -161,18 +186,35 @@ class ExporterHTTPServer(ConnectionServer):
     async def _metrics(self, headers: dict[str, str], query: str) -> tuple[int, bytes, str, list]:
         extra = [("Vary", "Accept, Accept-Encoding")]
         compress = accepts_gzip(headers.get("accept-encoding", ""))
-        exposition = self.exposition
-        arrived = exposition.clock()
-        encode = functools.partial(exposition.encode, headers.get("accept", ""), parse_qs(query).get("name[]"),
-                                   compress, arrived=arrived)
+        arrived = self.exposition.clock()
+        names = parse_qs(query).get("name[]") if query else None
         try:
-            body, content_type = await asyncio.get_running_loop().run_in_executor(self.render_pool, encode)
+            body, content_type = await self._rendered(headers.get("accept", ""), names, compress, arrived)
         except Exception:  # a broken collector must not kill the connection silently
             log.exception("scrape failed")
             return 500, b"scrape failed; see the exporter's log\n", "text/plain; charset=utf-8", extra
         if compress:
             extra.append(("Content-Encoding", "gzip"))
         return 200, body, content_type, extra
+
+    async def _rendered(self, accept: str, names: list[str] | None, compress: bool,
+                        arrived: float) -> tuple[bytes, str]:
+        """``exposition.encode`` on the render pool, one call for the scrapes that ask for the same
+        body while that call has not begun: it renders after the last of them arrived."""
+        key = (accept, tuple(names) if names else None, compress)
+        batch = self._batches.get(key)
+        if batch is None or not batch.join(arrived):
+            batch = _Batch(arrived)
+            encode = functools.partial(self.exposition.encode, accept, names, compress)
+            batch.future = asyncio.get_running_loop().run_in_executor(self.render_pool, batch.run, encode)
+            batch.future.add_done_callback(functools.partial(self._rendered_done, key, batch))
+            self._batches[key] = batch
+        assert batch.future is not None
+        return await asyncio.shield(batch.future)  # one scrape that goes away does not cancel the others'
+
+    def _rendered_done(self, key: tuple, batch: _Batch, _: asyncio.Future) -> None:
+        if self._batches.get(key) is batch:
+            del self._batches[key]
 
     async def _evidence(self, query: str, open_to_all: bool = False,
                         sock: socket.socket | None = None) -> tuple[int, bytes, str, list]:
