@@ -272,3 +272,59 @@ def test_a_client_that_drops_mid_response_is_one_debug_line(capfd, caplog):
     dropped = [r for r in caplog.records if "ended early" in r.getMessage()]
     assert all(r.levelname == "DEBUG" and "\n" not in r.getMessage() and not r.exc_info for r in dropped)
     assert "Traceback" not in capfd.readouterr().err
+
+
+class _GatedExposition:
+    """An exposition whose renderings wait for ``gate``; its clock counts the scrapes that arrive."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.ticks = 0
+        self.ticked = threading.Condition()
+        self.calls: list[tuple[str, float]] = []
+
+    def clock(self) -> float:
+        with self.ticked:
+            self.ticks += 1
+            self.ticked.notify_all()
+            return float(self.ticks)
+
+    def encode(self, accept, names, compressed, arrived):
+        self.calls.append((accept, arrived))
+        self.gate.wait(10)
+        return b"rendered for %s at %g\n" % (accept.encode(), arrived), "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_scrapes_waiting_for_a_render_thread_share_one_rendering_made_after_the_last_arrived():
+    from verl_exporter.http import server as server_module
+
+    exposition = _GatedExposition()
+    http, _ = server_module.serve(("127.0.0.1", 0), exposition)  # type: ignore[arg-type]
+    port = http.server_address[1]
+    replies: dict[str, list[bytes]] = {}
+
+    def scrape(accept: str) -> None:
+        reply = raw_request(port, b"GET /metrics HTTP/1.1\r\n" + CLOSE + f"Accept: {accept}\r\n\r\n".encode())
+        replies.setdefault(accept, []).append(reply.partition(b"\r\n\r\n")[2])
+
+    threads = server_module.RENDER_THREADS
+    busy = [threading.Thread(target=scrape, args=(f"text/plain;busy={i}",)) for i in range(threads)]
+    same = [threading.Thread(target=scrape, args=("text/plain",)) for _ in range(6)]
+    try:
+        for thread in busy:  # every render thread waits on the gate
+            thread.start()
+        wait_until(lambda: len(exposition.calls) == server_module.RENDER_THREADS, timeout=10)
+        for thread in same:  # six scrapes of one body arrive while no render thread is free
+            thread.start()
+        with exposition.ticked:
+            assert exposition.ticked.wait_for(lambda: exposition.ticks == server_module.RENDER_THREADS + 6, 10)
+        exposition.gate.set()
+        for thread in busy + same:
+            thread.join(10)
+    finally:
+        exposition.gate.set()
+        http.shutdown()
+        http.server_close()
+    shared = [arrived for accept, arrived in exposition.calls if accept == "text/plain"]
+    assert shared == [float(server_module.RENDER_THREADS + 6)]  # one rendering, after the last of the six arrived
+    assert replies["text/plain"] == [b"rendered for text/plain at %d\n" % (server_module.RENDER_THREADS + 6)] * 6
