@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from verl_exporter.config.yaml_files import FAST_SAFE_LOADER, load_shipped
 from verl_exporter.shipped import rules_dir
 from verl_exporter.store.step_windows import WATCHED, StepWindow
 from verl_mixin.render import STEP_STATISTICS_FILE as STEP_STATISTICS_NAME
@@ -64,7 +65,7 @@ def expand(path: Path, out_dir: Path) -> Path:
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
     inserts: list[tuple[int, list[str]]] = []
-    root = yaml.compose(text)
+    root = yaml.compose(text, Loader=FAST_SAFE_LOADER)
     for test in _items(_get(root, "tests")):
         sequence = _get(test, "input_series")
         if sequence is None or not sequence.value:
@@ -87,7 +88,7 @@ def expand(path: Path, out_dir: Path) -> Path:
     for rule, resolved in zip(_items(_get(root, "rule_files")), rule_files):
         out = out.replace(f"- {rule.value}\n", f"- {resolved}\n", 1)
     out = with_step_statistics(out, rule_files)
-    if len(_items(_get(yaml.compose(out), "tests"))) != len(_items(_get(root, "tests"))):
+    if len(_items(_get(yaml.compose(out, Loader=FAST_SAFE_LOADER), "tests"))) != len(_items(_get(root, "tests"))):
         raise ValueError(f"{path}: the expanded file does not hold the same tests")
     target = out_dir / path.name
     target.write_text(out, encoding="utf-8")
@@ -102,7 +103,7 @@ def with_step_statistics(text: str, rule_files: list[Path]) -> str:
     if STEP_STATISTICS_FILE in rule_files or not any(path.name.startswith("verl-") for path in rule_files):
         return text
     groups = [group["name"] for path in [STEP_STATISTICS_FILE, *rule_files]
-              for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+              for group in load_shipped(path.read_text(encoding="utf-8"))["groups"]]
     head, marker, rest = text.partition("\nrule_files:\n")
     if not marker or "group_eval_order" in text:
         raise ValueError("a test file with rule_files and without group_eval_order is expected")

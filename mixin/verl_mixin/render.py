@@ -212,7 +212,11 @@ def rule(alert: Alert, group: Group, catalog: Catalog, time_scale: float, min_ra
     }
 
 
-class _Dumper(yaml.SafeDumper):
+# libyaml's emitter where PyYAML has it: the same text, five times faster.
+_SafeDumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_SafeDumper):  # type: ignore[valid-type,misc]
     pass
 
 

@@ -16,6 +16,7 @@ import step_series
 from servers import REPO, require_binary
 from verl_exporter import shipped
 from verl_exporter.config.durations import parse_duration
+from verl_exporter.config.yaml_files import load_shipped
 from verl_exporter.store.catalog import Catalog, default_catalog
 from verl_mixin import generate, model, render
 from verl_mixin.departures import DEPARTURES
@@ -37,7 +38,7 @@ def promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 def shipped_alerts() -> dict[str, dict]:
     rules = {}
     for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
+        for group in load_shipped(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "alert" in rule:  # the alert files also hold the recording rules of the run's settings
                     rules[rule["alert"]] = rule
@@ -83,7 +84,7 @@ def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path):
         if path.name == "verl-training.rules.yml":
             text = text.replace("verl_actor_pg_clipfrac > 0.5\n", "verl_actor_pg_clipfrac > 0.9\n")
         (tmp_path / render.RULES_DIR / path.name).write_text(text)
-    tests = yaml.safe_load((TESTS / "actor.test.yml").read_text())
+    tests = load_shipped((TESTS / "actor.test.yml").read_text())
     tests["tests"] = [case for case in tests["tests"] if case["name"].startswith("pg_clipfrac above 0.5")]
     assert len(tests["tests"]) == 1
     (tmp_path / "tests" / "alerts" / "actor.test.yml").write_text(yaml.safe_dump(tests))
@@ -96,7 +97,7 @@ def test_every_alert_fires_with_all_annotations_and_stays_silent_somewhere():
     rules = shipped_alerts()
     fires, silent = {}, set()
     for path in TEST_FILES:
-        for case in yaml.safe_load(path.read_text()).get("tests", []):
+        for case in load_shipped(path.read_text()).get("tests", []):
             for check in case.get("alert_rule_test", []):
                 if check.get("exp_alerts"):
                     fires.setdefault(check["alertname"], []).extend(check["exp_alerts"])
@@ -184,7 +185,7 @@ def test_rules_follow_a_changed_catalog_threshold():
     changed = dataclasses.replace(spec, thresholds={**spec.thresholds, "aggressive": 0.66})
     other = Catalog([changed if s is spec else s for s in catalog.metrics], catalog.families, catalog.system,
                     catalog.settings, catalog.rules)
-    groups = yaml.safe_load(render.rule_files(other)["verl-training.rules.yml"])["groups"]
+    groups = load_shipped(render.rule_files(other)["verl-training.rules.yml"])["groups"]
     rule = next(r for g in groups for r in g["rules"] if r.get("alert") == "VerlPolicyUpdateAggressive")
     expr = " ".join(rule["expr"].split())
     assert expr.startswith("( (run:verl_actor_pg_clipfrac:recent_min > 0.66)"
@@ -213,7 +214,7 @@ def test_time_scaling_shrinks_durations_but_not_thresholds():
 
 
 def test_step_rules_see_every_step_and_the_minute_groups_wait_5_minutes():
-    groups = {group["name"]: group for text in render.rule_files().values() for group in yaml.safe_load(text)["groups"]}
+    groups = {group["name"]: group for text in render.rule_files().values() for group in load_shipped(text)["groups"]}
     slow = {name for name, group in groups.items() if group.get("interval") == model.PER_STEP_INTERVAL}
     assert "verl-run-settings" in slow
     # A step can take 20 s: a rule that decides over the run's steps is evaluated at the global interval.
@@ -232,7 +233,7 @@ def test_step_rules_see_every_step_and_the_minute_groups_wait_5_minutes():
                 assert "for" not in entry and own in entry["expr"], entry["alert"]
     # Scaled rules (the demo, the end-to-end tests) run every group at their Prometheus's interval.
     scaled = [group for text in render.rule_files(time_scale=1 / 300).values()
-              for group in yaml.safe_load(text)["groups"]]
+              for group in load_shipped(text)["groups"]]
     assert not [group["name"] for group in scaled if "interval" in group]
     alert = next(alert for group in render.GROUPS for alert in group.alerts if not alert.stay)
     with pytest.raises(ValueError, match="too short"):
@@ -289,7 +290,7 @@ def test_departures_from_the_guide_name_shipped_alerts_and_reach_the_runbook():
 def test_each_step_statistic_an_alert_reads_is_recorded_once_and_read_raw_by_recording_rules():
     """The alerts read the step statistics as recorded series (``run:<metric>:<stat>``), each recorded
     once, by the statistics group; recording rules read the statistics themselves (one level deep)."""
-    files = {path.name: yaml.safe_load(path.read_text()) for path in shipped.rule_files()}
+    files = {path.name: load_shipped(path.read_text()) for path in shipped.rule_files()}
     (group,) = files[render.STEP_STATISTICS_FILE]["groups"]
     recorded = [entry["record"] for entry in group["rules"]]
     assert group["name"] == model.STEP_STATISTICS_GROUP and len(recorded) == len(set(recorded)) > 100

@@ -9,11 +9,11 @@ import urllib.request
 
 import bcrypt
 import pytest
-import yaml
 
 from servers import REPO, http_get, start_exporter
 from verl_exporter import shipped
 from verl_exporter.cli import main
+from verl_exporter.config.yaml_files import load_shipped
 from verl_exporter.exposition import Exposition
 from verl_exporter.http.server import RUNBOOK_PATH, serve
 from verl_exporter.http.web_config import WebConfig
@@ -42,7 +42,7 @@ def runbook_urls(groups: list[dict]) -> dict[str, str]:
 
 def shipped_urls() -> dict[str, str]:
     return runbook_urls([group for path in shipped.alert_rule_files()
-                         for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]])
+                         for group in load_shipped(path.read_text(encoding="utf-8"))["groups"]])
 
 
 def test_the_default_base_is_the_exporters_runbook_route():
@@ -54,7 +54,7 @@ def test_every_runbook_url_has_the_base_and_an_anchor_of_the_runbook(source):
     if source == "shipped rules":
         urls = shipped_urls()
     else:
-        urls = runbook_urls(yaml.safe_load(PROMETHEUS_RULE.read_text(encoding="utf-8"))["spec"]["groups"])
+        urls = runbook_urls(load_shipped(PROMETHEUS_RULE.read_text(encoding="utf-8"))["spec"]["groups"])
     anchors = runbook_anchors()
     assert len(urls) == len(render.alerts())
     for name, url in urls.items():
@@ -66,9 +66,9 @@ def test_every_runbook_url_has_the_base_and_an_anchor_of_the_runbook(source):
 def test_another_base_reaches_every_rule_and_the_prometheusrule(tmp_path):
     base = "https://wiki.example/verl/RUNBOOK.md"
     groups = [group for text in render.rule_files(runbook_url=base).values()
-              for group in yaml.safe_load(text)["groups"]]
+              for group in load_shipped(text)["groups"]]
     urls = runbook_urls(groups)
-    urls_k8s = runbook_urls(yaml.safe_load(kubernetes.prometheus_rule(base))["spec"]["groups"])
+    urls_k8s = runbook_urls(load_shipped(kubernetes.prometheus_rule(base))["spec"]["groups"])
     assert urls == urls_k8s
     assert all(url == f"{base}#{name.lower()}" for name, url in urls.items())
     # The committed files hold the default base; rendered with another, they are stale.
@@ -83,7 +83,7 @@ def test_the_rules_command_writes_the_rules_with_another_base(tmp_path, capsys):
     written = sorted(path.name for path in tmp_path.iterdir())
     assert written == sorted([path.name for path in shipped.rule_files()] + ["prometheusrule.yml", "RUNBOOK.md"])
     groups = [group for path in tmp_path.glob("verl-*.rules.yml")
-              for group in yaml.safe_load(path.read_text())["groups"]]
+              for group in load_shipped(path.read_text())["groups"]]
     assert set(runbook_urls(groups).values()) == {f"{base}#{alert.name.lower()}" for alert in render.alerts()}
     assert (tmp_path / "recording-rules.yml").read_text() == shipped.recording_rules_file().read_text()
     assert (tmp_path / "RUNBOOK.md").read_text() == shipped.runbook().read_text()
@@ -116,9 +116,9 @@ def test_the_runbook_is_markdown_behind_the_same_auth_as_metrics():
 def test_every_alert_links_a_shipped_dashboard_with_its_variables_filled():
     """dashboard_url: the run's dashboard where the alert names a run, the node's (and GPU's) where it
     names a node, else the fleet's; each link names a shipped dashboard's uid and only its variables."""
-    dashboards = {data["uid"]: data for data in (yaml.safe_load(path.read_text())
+    dashboards = {data["uid"]: data for data in (load_shipped(path.read_text())
                                                  for path in (REPO / "grafana" / "dashboards").glob("*.json"))}
-    groups = [group for path in shipped.rule_files() for group in yaml.safe_load(path.read_text())["groups"]]
+    groups = [group for path in shipped.rule_files() for group in load_shipped(path.read_text())["groups"]]
     links = {rule["annotations"]["dashboard_url"] for group in groups for rule in group["rules"] if "alert" in rule}
     assert len(links) == 1 and sum("alert" in rule for group in groups for rule in group["rules"]) >= 80
     template = links.pop()
@@ -137,7 +137,7 @@ def test_every_alert_links_a_shipped_dashboard_with_its_variables_filled():
 def test_another_grafana_reaches_every_alert_and_the_prometheusrule():
     base = "https://grafana.example/"
     groups = [group for text in render.rule_files(dashboard_url=base).values()
-              for group in yaml.safe_load(text)["groups"]]
+              for group in load_shipped(text)["groups"]]
     links = {rule["annotations"]["dashboard_url"] for group in groups for rule in group["rules"] if "alert" in rule}
     assert links == {render.dashboard_link("https://grafana.example")}
     assert "localhost:3000" not in links.pop()

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from verl_exporter.config.options import load_options
+from verl_exporter.config.yaml_files import load_shipped
 from verl_exporter.http.server import parse_listen_address
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,7 +15,7 @@ K8S = ROOT / "prometheus" / "kubernetes"
 
 @pytest.fixture(scope="module")
 def pod():
-    job = yaml.safe_load((K8S / "verl-job-with-exporter.yaml").read_text())
+    job = load_shipped((K8S / "verl-job-with-exporter.yaml").read_text())
     return job["spec"]["template"]
 
 
@@ -32,7 +33,7 @@ def test_ports_line_up(pod):
     _, port = parse_listen_address(load_options(sidecar["args"]).web_listen_address)
     assert sidecar["ports"] == [{"name": "metrics", "containerPort": port}]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
-    monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+    monitor = load_shipped((K8S / "podmonitor.yaml").read_text())
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
@@ -52,7 +53,7 @@ def test_the_sidecar_reads_where_the_trainer_writes(pod):
 
 
 def test_scraped_as_the_job_the_alerts_watch():
-    monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+    monitor = load_shipped((K8S / "podmonitor.yaml").read_text())
     relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     assert {"targetLabel": "job", "replacement": "verl"} in relabel
     rules = "".join(path.read_text() for path in shipped.alert_rule_files())
@@ -99,7 +100,7 @@ def entrypoint_setting(key):
 def test_manifest_validates_offline(path):
     docs = documents(path)
     if path.name.endswith(".patch.yaml"):  # a strategic merge patch: check the Job it makes
-        docs = [strategic_merge(yaml.safe_load((K8S / "verl-job-with-exporter.yaml").read_text()), docs[0])]
+        docs = [strategic_merge(load_shipped((K8S / "verl-job-with-exporter.yaml").read_text()), docs[0])]
     assert docs
     for doc in docs:
         assert k8s_schemas.problems(doc) == [], f"{path.name}: {doc['kind']}"
@@ -146,7 +147,7 @@ def test_every_rayjob_pod_has_the_exporter_sidecar():
 
 def test_the_head_exporter_reads_the_logs_every_node_writes():
     job = manifest("verl-rayjob.yaml", "RayJob")
-    root = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["VERL_FILE_LOGGER_ROOT"]
+    root = load_shipped(job["spec"]["runtimeEnvYAML"])["env_vars"]["VERL_FILE_LOGGER_ROOT"]
     claim = manifest("verl-rayjob.yaml", "PersistentVolumeClaim")
     assert "ReadWriteMany" in claim["spec"]["accessModes"]
     assert "'file'" in entrypoint_setting("trainer.logger").replace('"', "'")
@@ -173,7 +174,7 @@ def test_rayjob_podmonitor_scrapes_every_sidecar_as_job_verl_and_keeps_the_run_l
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         assert set(endpoints) <= ports, group
         # podmonitor.yaml scrapes the port "metrics" as job verl: it must not select Ray pods.
-        other = yaml.safe_load((K8S / "podmonitor.yaml").read_text())["spec"]["selector"]["matchLabels"]
+        other = load_shipped((K8S / "podmonitor.yaml").read_text())["spec"]["selector"]["matchLabels"]
         assert not other.items() <= pod["metadata"]["labels"].items(), group
     exporter = endpoints["verl-exporter"]
     assert exporter["honorLabels"] is True
@@ -186,7 +187,7 @@ def test_rayjob_podmonitor_scrapes_every_sidecar_as_job_verl_and_keeps_the_run_l
 def test_prometheusrule_holds_the_groups_of_the_rule_files():
     rule = manifest("prometheusrule.yml", "PrometheusRule")
     files = shipped.rule_files()
-    groups = [group for path in files for group in yaml.safe_load(path.read_text())["groups"]]
+    groups = [group for path in files for group in load_shipped(path.read_text())["groups"]]
     assert rule["spec"]["groups"] == groups
     assert sum(len(g["rules"]) for g in groups) > 40
 
@@ -231,8 +232,8 @@ def strategic_merge(base, patch, key: str | None = None):
 
 @pytest.fixture(scope="module")
 def secured():
-    job = yaml.safe_load((K8S / "verl-job-with-exporter.yaml").read_text())
-    patched = strategic_merge(job, yaml.safe_load((K8S / "secured-exporter.patch.yaml").read_text()))
+    job = load_shipped((K8S / "verl-job-with-exporter.yaml").read_text())
+    patched = strategic_merge(job, load_shipped((K8S / "secured-exporter.patch.yaml").read_text()))
     documents = {doc["kind"]: doc for doc in yaml.safe_load_all((K8S / "secured-exporter.yaml").read_text())}
     return patched["spec"]["template"], documents
 
@@ -261,7 +262,7 @@ def test_secured_web_config_uses_the_mounted_tls_secret(tmp_path, secured):
     secured_pod, documents = secured
     sidecar = container(secured_pod, "verl-exporter")
     text = next(iter(documents["Secret"]["stringData"].values()))
-    tls = yaml.safe_load(text)["tls_server_config"]
+    tls = load_shipped(text)["tls_server_config"]
     mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
     volumes = {v["name"]: v for v in secured_pod["spec"]["volumes"]}
     for key, file_name in (("cert_file", "tls.crt"), ("key_file", "tls.key")):  # a kubernetes.io/tls Secret
@@ -277,7 +278,7 @@ def test_secured_web_config_uses_the_mounted_tls_secret(tmp_path, secured):
 def test_secured_pods_are_scraped_over_https_by_their_own_podmonitor(pod, secured):
     secured_pod, documents = secured
     monitor = documents["PodMonitor"]
-    plain = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+    plain = load_shipped((K8S / "podmonitor.yaml").read_text())
     labels = secured_pod["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert not plain["spec"]["selector"]["matchLabels"].items() <= labels.items()  # no plain http scrape left
