@@ -38,11 +38,12 @@ slurm-tools:
 	    --no-install-recommends slurmctld slurmd munge slurm-client >/dev/null; \
 	fi
 
-# mtail from Debian: the ingest benchmark's reference, measured in the same run.
+# mtail from Debian: the ingest benchmark's reference, measured in the same run; wrk, a C client, for
+# the fleet benchmark's concurrent scrapers (100 Python threads measure themselves as much as the server).
 bench-tools:
-	@if ! command -v mtail >/dev/null; then \
-	  echo "installing Debian's mtail"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends mtail >/dev/null; \
+	@if ! command -v mtail >/dev/null || ! command -v wrk >/dev/null; then \
+	  echo "installing Debian's mtail and wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends mtail wrk >/dev/null; \
 	fi
 
 # The exporter following a simulated verl run (SCENARIO, default lr-too-high) with 8 fake GPUs, a
