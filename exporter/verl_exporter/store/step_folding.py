@@ -8,7 +8,8 @@ next snapshot, or once ``PENDING_STEPS`` wait).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Set
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import is_not, itemgetter
 from typing import cast
 
 from verl_exporter.store import validation
@@ -32,6 +33,14 @@ def _numbers(column: Iterable) -> list[float | None]:
         except (TypeError, ValueError, OverflowError):
             numbers.append(None)
     return numbers
+
+
+def _present(steps: list[int], column: list) -> tuple[list[int], list]:
+    """The steps and values of ``column`` that are not None."""
+    if None not in column:
+        return steps, column
+    kept = list(map(is_not, column, repeat(None)))
+    return list(compress(steps, kept)), list(compress(column, kept))
 
 
 class StepFolder:
@@ -76,9 +85,32 @@ class StepFolder:
     def fold(self, state: RunState) -> None:
         """Add each waiting step's value of every metric the rules judge in steps to the run's windows.
 
-        Records with the same watched keys (nearly all of a run's) are taken as one table: their values
-        fetched by one ``itemgetter`` and converted column by column, so the work per value is C's."""
+        Each metric's values are fetched column by column (``dict.get`` mapped over the waiting
+        steps) and converted in C, so the work per value is C's. A metric logged under two keys in
+        the waiting steps (a run resumed on a newer release) is folded by ``_fold_tables``."""
         pending, state.pending_steps = state.pending_steps, []
+        watched = self._watched
+        rows = [values for _, values in pending]
+        keys = set().union(*rows)
+        names = {watched[key][0] for key in keys}
+        if len(names) != len(keys):
+            self._fold_tables(state, pending)
+            return
+        steps = [step for step, _ in pending]
+        windows = state.windows
+        for key in keys:
+            name, scale = watched[key]
+            key_steps, column = _present(steps, list(map(dict.get, rows, repeat(key))))
+            key_steps, floats = _present(key_steps, _numbers(column))
+            window = windows.get(name)
+            if window is None:
+                window = windows[name] = StepWindow()
+            window.add_all(key_steps, floats if scale == 1 else [number * scale for number in floats])
+
+    def _fold_tables(self, state: RunState, pending: list) -> None:
+        """``fold`` of waiting steps that log a metric under two keys. Records with the same watched
+        keys are taken as one table: their values fetched by one ``itemgetter``, converted column by
+        column."""
         watched = self._watched
         tables: dict[frozenset, tuple[tuple[str, ...], Callable, list[tuple[int, int]], list]] = {}
         for index, (step, values) in enumerate(pending):
