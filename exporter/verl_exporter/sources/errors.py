@@ -13,6 +13,9 @@ _OOM = re.compile(r"(?:CUDA|HIP|cuda|hip)(?: error)?:? out of memory|OutOfMemory
 _CONFIG_ROW = re.compile(r"['\"]\w+['\"]\s*:")
 NCCL_REACH = 200  # characters from "NCCL" to the word "timeout" / "timed out" of one message
 MAX_TIMEOUT_WORDS = 64  # of one line, looked at: a line of nothing but "NCCL 'timeout'" costs no more
+# A line holding none of these reports no error (``error_kind`` looks for a kind only where one is found).
+WORDS = ("of memory", "OfMemory", "Watchdog", "NCCL", "Segmentation fault", "SIGSEGV", "ActorDiedError",
+         "RayActorError", "he actor died unexpectedly", "Traceback (most recent call last)")
 
 
 def error_kind(line: str) -> str | None:

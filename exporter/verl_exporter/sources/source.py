@@ -29,6 +29,7 @@ from verl_exporter.sources.jsonl import JsonlReader
 from verl_exporter.sources.naming import FORMATS, format_for, run_for
 from verl_exporter.sources.open_files import OpenFiles
 from verl_exporter.sources.pairing import job_of
+from verl_exporter.sources.quiet import ACTOR_LINE, is_quiet
 from verl_exporter.sources.run_config import (
     ConfigPrint,
     Scalar,
@@ -45,7 +46,6 @@ from verl_exporter.store.records import ParseError, Record, RunKey, clean_text, 
 log = logging.getLogger("verl_exporter.sources")
 
 _CONFIG_NAME = re.compile(r"'(project|experiment)_name': '([^'\\]+)'")  # in verl's printed config
-_ACTOR_LINE = re.compile(r"(?:\x1b\[[0-9;]*m)*\(")  # a Ray actor's line: "(TaskRunner pid=N) ..."
 WARNING_INTERVAL_S = 10.0  # at most one warning per file per interval; the rest are counted
 
 
@@ -172,6 +172,10 @@ class Source:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
                 written_at[path] = _written_at(path, now)
+            if (state.fmt == "console" and state.config_print is None and is_quiet(line)
+                    and (not state.after_step or "-" not in line)):
+                state.after_step = False  # no record, nothing else to note (sources.quiet)
+                continue
             if "\r" in line and state.fmt == "console":  # each segment a line of its own (no "\r" left)
                 ingested += self._ingest_lines([(path, segment) for segment in carriage_segments(line)],
                                                written_at, now)
@@ -304,7 +308,7 @@ class Source:
         if is_finished_line(line):
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
-        if not _ACTOR_LINE.match(line):  # the driver's own line: its fatal end, if it is one
+        if not ACTOR_LINE.match(line):  # the driver's own line: its fatal end, if it is one
             text = _ANSI.sub("", line) if "\x1b" in line else line
             fatal = state.exit.feed(text)
             if fatal is not None:  # it names its run from the path if nothing did yet
