@@ -4,6 +4,8 @@ import logging
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verl_exporter.sources import tail
 from verl_exporter.sources.tail import FileFollower
@@ -206,6 +208,18 @@ def test_invalid_utf8_is_replaced_and_nul_bytes_survive(tmp_path, follower_for):
     _append(log, b"bad \xff\xfe byte\nnul\x00inside\ncut \xe2\x82\nok\r\n")
     follower = follower_for(log)
     assert _texts(follower.poll()) == ["bad \ufffd\ufffd byte", "nul\x00inside", "cut \ufffd", "ok\r"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=12), st.sampled_from(
+    [b"\n", b"\r\n", b"\xe2\x82", b"\xf0\x9f\x98", b"\xf0\x9f\x98\x80", b"\xed\xa0\x80", b"\xc3", b"\xa9",
+     b"\xff", "é€😀".encode()])), max_size=40).map(b"".join))
+def test_lines_read_as_the_whole_block_decoded_would_split(raw):
+    # Lines are decoded one by one: the same text as the block decoded, then split, whatever the bytes.
+    follower = FileFollower("unused")
+    out: list = []
+    follower._emit("p", raw, out)
+    assert [line for _, line in out] == raw.decode("utf-8", "replace").split("\n")
 
 
 def test_directory_matching_the_glob_is_skipped_with_one_warning(tmp_path, follower_for, caplog):

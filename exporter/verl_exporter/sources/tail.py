@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import Iterator
 from itertools import chain, repeat
+from operator import methodcaller
 
 from verl_exporter.sources.birth_time import birth_time
 from verl_exporter.sources.globs import MAX_GLOB_DIRS, MAX_MATCHES, expand, is_literal
@@ -19,6 +20,9 @@ log = logging.getLogger(__name__)
 
 _GONE = "\0gone"  # a matched path that is no longer there: no status to report (no real reason is this)
 
+# Each line is decoded on its own: a block holding one character past U+FFFF would be decoded into 4
+# bytes a character as a whole. No UTF-8 sequence holds a newline byte: the lines are the same.
+_DECODE = methodcaller("decode", "utf-8", "replace")
 HEAD_BYTES = 64  # of a file, kept to tell a file rewritten in place (truncated, then grown past the offset)
 
 class FileFollower:
@@ -344,7 +348,7 @@ class FileFollower:
                     else:
                         out.append((path, raw.decode("utf-8", "replace")))
                 return
-        out.extend(zip(repeat(path), block.decode("utf-8", "replace").split("\n")))
+        out.extend(zip(repeat(path), map(_DECODE, block.split(b"\n"))))
 
     def _drop(self, path: str, size: int) -> None:
         self.oversize_lines += 1
