@@ -16,10 +16,12 @@ from verl_exporter.sources import RecordsOnly, Source
 from verl_exporter.sources import source as source_module
 from verl_exporter.sources.errors import WORDS as ERROR_WORDS
 from verl_exporter.sources.errors import error_kind
+from verl_exporter.sources.fatal import TrainerExit
 from verl_exporter.sources.quiet import is_quiet
 
 REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared"
 ACTOR = "\x1b[36m(TaskRunner pid=14640)\x1b[0m "
+BAR = "Training Progress:  73%|███████▎  | 319/435 [48:20<21:06, 10.92s/it]"
 MANGLED = [
     "plain driver line",
     ACTOR + "list(reward_extra_infos_dict.keys())=[]",
@@ -43,7 +45,28 @@ MANGLED = [
     "(TaskRunner pid=1) Traceback (most recent call last):",
     "Traceback (most recent call last):",
     '  File "/verl/trainer/main_ppo.py", line 10, in <module>',
+    BAR,
+    "[rank0]: " + BAR,
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/verl/trainer/main_ppo.py", line 10, in <module>',
+    "    an indented line",
     "RuntimeError: boom",
+    BAR,
+    "The above exception was the direct cause of the following exception:",
+    BAR,
+    "Traceback (most recent call last):",
+    '  File "/x/train.py", line 3, in <module>',
+    "torch.OutOfMemoryError: CUDA out of memory",
+    "Error executing job with overrides: []",
+    BAR,
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+    "ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run() (pid=1)",
+    BAR,
+    "ValueError: bad",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "\x1b[31mTrace\x1b[0mback (most recent call last):",
+    '  File "/verl/trainer/main_ppo.py", line 10, in <module>',
+    "KeyError: 'x'",
     "(TaskRunner pid=1) \x1b[1mFinal\x1b[0m validation metrics: {'val/score': 1.0}",
     "(TaskRunner pid=1) Final validation metrics: {'val/score': 1.0}",
     "(TaskRunner pid=1) Final validation metrics: None",
@@ -65,7 +88,7 @@ def read(path: Path, skip_quiet: bool, monkeypatch: pytest.MonkeyPatch, cuts: tu
     """Every record (as its repr: NaN equals NaN), parse error and dropped value of the file, read
     by a Source; the file is written in pieces cut at ``cuts`` (a poll after each)."""
     if not skip_quiet:
-        monkeypatch.setattr(source_module, "is_quiet", lambda line: False)
+        monkeypatch.setattr(source_module, "is_quiet", lambda line, trainer_exit: False)
     data = path.read_bytes()
     target = path.with_suffix(".read.log")
     target.write_bytes(b"")
@@ -136,7 +159,11 @@ pieces = st.sampled_from(
      "Final", "Total training steps: 9", "local_global_step_folder: /c/global_step_2", "       - d:2",
      "Traceback (most recent call last):", '  File "/verl/trainer/main_ppo.py", line 1, in <module>',
      "ValueError: x", "CUDA out of memory", "NCCL timeout", "Segmentation fault", "[rank0]: ", " ", "x",
-     "st\x1b[0mep:", "- ", "-", "       - e:3"]
+     "st\x1b[0mep:", "- ", "-", "       - e:3", "Training Progress:  1%|", " 3/263 [00:10<1:41:02, 23.10s/it]",
+     "The above exception was the direct cause of the following exception:", "Error executing job with overrides: []",
+     "Set the environment variable HYDRA_FULL_ERROR=1",
+     "ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run()", "torch.distributed.elastic.ChildFailedError",
+     "    raise ValueError", "\t", "KeyboardInterrupt", "[rank0]:"]
 )
 lines = st.lists(st.lists(pieces, max_size=8).map("".join), min_size=1, max_size=25)
 
@@ -154,17 +181,23 @@ def test_any_mix_of_verl_like_lines_reads_the_same(tmp_path_factory, monkeypatch
 def test_a_quiet_line_reports_no_error(line):
     if not any(word in line for word in ERROR_WORDS):
         assert error_kind(line) is None
-    if is_quiet(line):
+    if is_quiet(line, TrainerExit()):
         assert error_kind(line) is None
 
 
 def test_which_lines_are_quiet():
-    assert is_quiet(ACTOR + "list(reward_extra_infos_dict.keys())=[]")
-    assert is_quiet("(WorkerDict pid=1605, ip=172.26.135.50) [rank-8]: Saving optim to /checkpoints/x")
-    assert not is_quiet("a driver's line")  # the trainer's fatal end is watched for in those
-    assert not is_quiet(ACTOR + "step:3 - a:1")
-    assert is_quiet(ACTOR + "Let's break it down step by step")
-    assert not is_quiet(ACTOR + "Let's break it down step by step:")
-    assert not is_quiet(ACTOR + "st\x1b[0mep:3 - a:1")
-    assert not is_quiet(ACTOR + "CUDA out of memory")
-    assert not is_quiet(ACTOR + "a\rb")
+    rest, reading = TrainerExit(), TrainerExit()
+    reading.feed("Traceback (most recent call last):")
+    assert is_quiet(ACTOR + "list(reward_extra_infos_dict.keys())=[]", rest)
+    assert is_quiet("(WorkerDict pid=1605, ip=172.26.135.50) [rank-8]: Saving optim to /checkpoints/x", reading)
+    assert is_quiet(BAR, rest)
+    assert not is_quiet(BAR, reading)  # a line inside the driver's traceback
+    assert not is_quiet("\x1b[1m" + BAR, rest)  # ANSI codes may hide a word
+    assert not is_quiet("RuntimeError: boom", reading)
+    assert not is_quiet("ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run()", rest)
+    assert not is_quiet(ACTOR + "step:3 - a:1", rest)
+    assert is_quiet(ACTOR + "Let's break it down step by step", rest)
+    assert not is_quiet(ACTOR + "Let's break it down step by step:", rest)
+    assert not is_quiet(ACTOR + "st\x1b[0mep:3 - a:1", rest)
+    assert not is_quiet(ACTOR + "CUDA out of memory", rest)
+    assert not is_quiet(ACTOR + "a\rb", rest)

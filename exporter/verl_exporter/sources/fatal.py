@@ -52,6 +52,8 @@ _BY_CLASS = {
 }
 _NOT_A_CRASH = ("KeyboardInterrupt", "SystemExit")
 _RANK = {kind: rank for rank, kind in enumerate(FATAL_KINDS)}
+# A line holding none of these, fed while no traceback is read (``TrainerExit.at_rest``), changes nothing.
+WORDS = ("Traceback (most recent call last)", *_CHAINED, _HYDRA_ERROR, "RayTaskError(", "ChildFailedError", _HYDRA_END)
 
 
 def fatal_kind(exception: str, message: str = "") -> str | None:
@@ -94,6 +96,12 @@ class TrainerExit:
         self.raised = ""  # the class X of its last ``RayTaskError(X)``: X's own line comes after it
         self.end = False  # the chain is a fatal end
         self.told: str | None = None  # the kind told of this end; a new step starts over
+
+    @property
+    def at_rest(self) -> bool:
+        """No traceback, chained exception or exception line is being read: ``feed`` of a line that
+        holds none of ``WORDS`` returns None and changes nothing."""
+        return not (self.traceback or self.chained or self.after)
 
     def step(self) -> None:
         """The run logged a step: a later fatal end is a new one (a resumed run)."""

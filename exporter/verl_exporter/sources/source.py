@@ -172,7 +172,7 @@ class Source:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
                 written_at[path] = _written_at(path, now)
-            if (state.fmt == "console" and state.config_print is None and is_quiet(line)
+            if (state.fmt == "console" and state.config_print is None and is_quiet(line, state.exit)
                     and (not state.after_step or "-" not in line)):
                 state.after_step = False  # no record, nothing else to note (sources.quiet)
                 continue
