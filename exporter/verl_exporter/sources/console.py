@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from verl_exporter.sources.jsonl import cap_keys
+from verl_exporter.sources.step_layout import LAYOUTS
 from verl_exporter.store.records import DropCounter, ParseError, check_step
 
 FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the last step
@@ -223,13 +224,18 @@ _NUMBER_CHARACTERS = str.maketrans("", "", "0123456789.eE+-")
 def _plain_pairs(text: str) -> dict[str, str] | None:
     """``{key: "value"}`` of ``step:N - key:value - ...`` when no key holds a colon, no key or value
     is empty and every value is made of number characters only (no nan, inf or numpy wrapper);
-    None otherwise. All splitting happens in C: this is the common line's whole cost."""
+    None otherwise. All splitting happens in C: this is the common line's whole cost. A line with the
+    keys of the previous lines is read by their layout's regex (``step_layout``), to the same values."""
+    values = LAYOUTS.values(text)
+    if values is not None:
+        return values
     items = text.replace(_SEPARATOR, ":").split(":")
     if len(items) != 2 * text.count(":"):  # a key holds a colon: pairs would not alternate
         return None
     keys, raws = items[2::2], items[3::2]
     if not raws or "" in raws or "" in keys or "".join(raws).translate(_NUMBER_CHARACTERS):
         return None
+    LAYOUTS.read(keys)
     return dict(zip(keys, raws))
 
 
