@@ -109,15 +109,17 @@ class Ledger:
             self.at_risk += min(took, gap) * self.gpus
         else:
             work = min(took or free, free)
-            testing = min(_seconds(values, TESTING_KEYS), work)
-            saving = min(_seconds(values, CHECKPOINT_SAVE_KEYS), work - testing)
-            bound = self.stall_bound()
-            waited = gap - (took or free)
-            self._add("stalled" if bound is not None and waited > bound else "between_steps", free - work)
-            self._add("validation", testing)
-            self._add("checkpoint", saving)
-            self._add("productive", work - testing - saving)
-            self.at_risk = 0.0 if saving > 0 else self.at_risk + work * self.gpus
+            if free > work:  # idle time: the stall bound tells which
+                bound = self.stall_bound()
+                waited = gap - (took or free)
+                self._add("stalled" if bound is not None and waited > bound else "between_steps", free - work)
+            if work > 0:  # none where the step took no time since the last (a backlog's lines, read at once)
+                testing = min(_seconds(values, TESTING_KEYS), work)
+                saving = min(_seconds(values, CHECKPOINT_SAVE_KEYS), work - testing)
+                self._add("validation", testing)
+                self._add("checkpoint", saving)
+                self._add("productive", work - testing - saving)
+                self.at_risk = 0.0 if saving > 0 else self.at_risk + work * self.gpus
         if took > 0:
             self.recent.append(took)
             self.longest = max(self.longest, took)
