@@ -6,11 +6,11 @@ import math
 import os
 import tempfile
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from verl_exporter.sources import RecordsOnly, Source
-from verl_exporter.sources.console import is_finished_line, parse_console_line
+from verl_exporter.sources.console import carriage_segments, is_finished_line, parse_console_line
 from verl_exporter.sources.jsonl import parse_jsonl_line
 from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
@@ -150,6 +150,7 @@ def _expected_error(parser, text):
 @SLOW
 @given(st.lists(st.one_of(st.binary(max_size=300), verlish_text.map(str.encode)), min_size=1, max_size=5),
        st.sampled_from(["jsonl", "console"]))
+@example(junk=[b"step:\rstep:"], fmt="console")  # two segments: two errors
 def test_source_survives_anything_and_reads_the_next_good_line(junk, fmt):
     # Source parses lazily: numbers may stay text until the store converts them (see test_store).
     parser = parse_jsonl_line if fmt == "jsonl" else functools.partial(parse_console_line, lazy=True)
@@ -163,7 +164,10 @@ def test_source_survives_anything_and_reads_the_next_good_line(junk, fmt):
         source = Source(path, store)
         source.poll()
         source.close()
-    expected_errors = sum(_expected_error(parser, line.decode("utf-8", "replace")) for line in lines)
+    texts = [line.decode("utf-8", "replace") for line in lines]
+    if fmt == "console":  # a console line with carriage returns is read segment by segment (progress bars)
+        texts = [segment for text in texts for segment in (carriage_segments(text) if "\r" in text else [text])]
+    expected_errors = sum(_expected_error(parser, text) for text in texts)
     assert len(store.errors) == expected_errors
     assert all(source_path == path for source_path, _ in store.errors)
     assert store.records and store.records[-1].step == 424242
@@ -182,3 +186,17 @@ def test_source_drops_a_10_mb_line_and_reads_the_next(tmp_path):
     source.close()
     assert [r.step for r in store.records] == [2]
     assert len(store.errors) == 1 and "byte limit" in store.errors[0][1]
+
+
+def test_a_line_of_two_step_segments_is_two_parse_errors_where_each_is_one():
+    """``step:\\rstep:`` is two segments (a bar redrawn over a step line, read as lines of their own),
+    and each is an unreadable step line: two errors, and the next good line is read."""
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "run.log")
+        with open(path, "wb") as f:
+            f.write(b"step:\rstep:\nstep:424242 - ok:1\n")
+        store = CountingStore()
+        source = Source(path, store)
+        source.poll()
+        source.close()
+    assert len(store.errors) == 2 and store.records[-1].step == 424242
