@@ -11,7 +11,9 @@ from owner import ME
 from verl_exporter.collectors.training import TrainingCollector
 from verl_exporter.history.timeline import read_file
 from verl_exporter.sources import Source
-from verl_exporter.sources.errors import KINDS, MAX_LINE_CHARS, error_kind
+from verl_exporter.sources.errors import KINDS, MAX_LINE_CHARS, WORDS, error_kind
+from verl_exporter.sources.fatal import TrainerExit
+from verl_exporter.sources.quiet import is_quiet
 from verl_exporter.store.catalog import default_catalog
 from verl_exporter.store.records import Record, RunKey
 from verl_exporter.store.run_store import ERROR_LINES, RunStore
@@ -35,6 +37,9 @@ RUN = RunKey("search", "ppo")
 def test_error_lines_are_told_by_kind(line, kind):
     assert kind in KINDS
     assert error_kind(line) == kind
+    assert any(word in line for word in WORDS)  # what the quiet-line check looks for
+    for shown in (line, f"(TaskRunner pid=12) {line}", f"\x1b[36m(TaskRunner pid=12)\x1b[0m {line}"):
+        assert not is_quiet(shown, TrainerExit()), shown  # never skipped unread, from any actor
 
 
 @pytest.mark.parametrize("line", [
