@@ -496,3 +496,35 @@ def test_how_a_job_ended_is_served_within_bounds():
     job = SlurmJob.parse(scontrol_line(state="TIMEOUT").replace("Reason=None", "Reason=TimeLimit"))
     assert (job.state, job.reason) == ("TIMEOUT", "TimeLimit")
     assert SlurmJob.parse(scontrol_line()).reason == ""  # Slurm's "None"
+
+
+@pytest.mark.parametrize("skipping", [True, False], ids=["quiet-lines-skipped", "every-line-read"])
+def test_a_jobs_stderr_takes_the_run_its_stdout_named_at_its_first_line_even_a_quiet_one(
+        tmp_path, monkeypatch, skipping):
+    """The stderr file of a job takes the run the stdout file named when its first line arrives, a line
+    skipped as quiet included: a later config print naming another run does not move the file."""
+    from verl_exporter.schedulers.slurm_output import JobSource
+    from verl_exporter.sources import source as source_module
+
+    if not skipping:
+        monkeypatch.setattr(source_module, "is_quiet", lambda line, trainer_exit: False)
+    out, err = tmp_path / "train.log", tmp_path / "errors.txt"
+    store = RunStore(default_catalog())
+    default = RunKey("slurm", "42", ME)
+    stdout = JobSource(str(out), store, default_run=default, both_files=True)
+    stderr = JobSource(str(err), store, default_run=default, both_files=True)
+    stdout.siblings, stderr.siblings = [stderr], [stdout]
+
+    def write(path: Path, line: str, source: JobSource) -> None:
+        with path.open("a") as handle:
+            handle.write(line + "\n")
+        source.poll()
+
+    write(out, "{'trainer': {'project_name': 'p', 'experiment_name': 'first'}}", stdout)
+    write(err, "/usr/lib/python3/site-packages/torch/cuda/__init__.py:61: FutureWarning: pynvml is deprecated",
+          stderr)
+    write(out, "{'trainer': {'project_name': 'p', 'experiment_name': 'second'}}", stdout)
+    write(err, "Traceback (most recent call last):", stderr)
+    errors = {state.run.experiment: dict(state.log_errors) for state in store.snapshot().runs if state.log_errors}
+    assert errors == {"first": {"traceback": 1}}
+    assert {run.experiment for run in stderr.runs()} == {"first"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_exporter.store.records import Record, RunKey
+from verl_exporter.store.records import RunKey
 from verl_exporter.store.run_store import RunStore
 
 from ..sources import FileState, Source
@@ -36,16 +36,16 @@ class JobSource(Source):
         state.run = self.default_run
         return state
 
-    def _parse(self, state: FileState, line: str, now: float) -> Record | None:
+    def _sees(self, state: FileState) -> None:
         if not state.named and state.last_step is None and self.siblings:
             # The job's other file named the run (verl prints to stdout, Python's tracebacks go to
-            # stderr): this file's lines are that run's.
+            # stderr): this file's lines are that run's, from the first line seen after it did (a
+            # line skipped as quiet included).
             for sibling in self.siblings:
                 runs = sibling.runs()
                 if runs:
                     state.run, state.named = sorted(runs)[0], True
                     break
-        return super()._parse(state, line, now)
 
     def runs(self) -> set[RunKey]:
         """The runs its files hold: named by a config print, or with a step."""

@@ -172,6 +172,7 @@ class Source:
             state = self._files.get(path) or self._new_state(path)
             if path not in written_at:
                 written_at[path] = _written_at(path, now)
+            self._sees(state)
             if (state.fmt == "console" and state.config_print is None and is_quiet(line, state.exit)
                     and (not state.after_step or "-" not in line)):
                 state.after_step = False  # no record, nothing else to note (sources.quiet)
@@ -207,6 +208,7 @@ class Source:
         state = self._new_state(path)
 
         def parse(line: str, now: float) -> Record | None:
+            self._sees(state)
             if "\r" not in line or state.fmt != "console":
                 return self._parse(state, line, now)
             records: list[Record] = []
@@ -259,6 +261,10 @@ class Source:
             self.store.values_dropped(source, reason)
         except Exception as exc:
             self._warn(source, f"store failed to count a dropped value: {exc!r}", time.time())
+
+    def _sees(self, state: FileState) -> None:
+        """A line of ``state``'s file arrived, read or skipped as quiet: a subclass notes what it must
+        of every line here (a job's file takes the run its other file named)."""
 
     def _parse(self, state: FileState, line: str, now: float) -> Record | None:
         record = self._parse_line(state, line, now)
