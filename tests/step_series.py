@@ -60,8 +60,9 @@ def step_series(series: str, points: list[float | None]) -> list[dict]:
 
 def expand(path: Path, out_dir: Path) -> Path:
     """``path`` written to ``out_dir`` with the step statistics of its watched series added to each
-    test's input series, and its rule files as absolute paths. The file is edited as text, so every
-    other value stays as written (YAML would read ``0x10`` as the number 16)."""
+    test's input series, and its rule files as copies in ``out_dir`` holding the alerts it checks
+    (``with_alerts``) and the step statistics its series feed (``with_step_statistics``). The file is
+    edited as text, so every other value stays as written (YAML would read ``0x10`` as the number 16)."""
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
     inserts: list[tuple[int, list[str]]] = []
@@ -84,10 +85,15 @@ def expand(path: Path, out_dir: Path) -> Path:
     for line, block in sorted(inserts, reverse=True):
         lines[line:line] = block
     out = "\n".join(lines)
-    rule_files = [(path.parent / rule.value).resolve() for rule in _items(_get(root, "rule_files"))]
-    for rule, resolved in zip(_items(_get(root, "rule_files")), rule_files):
-        out = out.replace(f"- {rule.value}\n", f"- {resolved}\n", 1)
-    out = with_step_statistics(out, rule_files)
+    asserted = {check.value for test in _items(_get(root, "tests"))
+                for entry in _items(_get(test, "alert_rule_test")) if (check := _get(entry, "alertname"))}
+    folder = out_dir / path.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    rule_files = []
+    for rule in _items(_get(root, "rule_files")):
+        rule_files.append(with_alerts(path.parent / rule.value, asserted, folder / Path(rule.value).name))
+        out = out.replace(f"- {rule.value}\n", f"- {rule_files[-1]}\n", 1)
+    out = with_step_statistics(out, rule_files, folder / STEP_STATISTICS_NAME)
     if len(_items(_get(yaml.compose(out, Loader=FAST_SAFE_LOADER), "tests"))) != len(_items(_get(root, "tests"))):
         raise ValueError(f"{path}: the expanded file does not hold the same tests")
     target = out_dir / path.name
@@ -95,20 +101,79 @@ def expand(path: Path, out_dir: Path) -> Path:
     return target
 
 
-def with_step_statistics(text: str, rule_files: list[Path]) -> str:
-    """A test file's text that also loads the recorded step statistics the rules read
-    (``verl-step-statistics.rules.yml``) and evaluates them first at each evaluation time, as the
-    group's rules are evaluated before they are read. promtool orders only the groups that
-    ``group_eval_order`` lists, so it lists every group: the statistics, then the others in file order."""
-    if STEP_STATISTICS_FILE in rule_files or not any(path.name.startswith("verl-") for path in rule_files):
+def with_alerts(rules: Path, asserted: set[str], target: Path) -> Path:
+    """``rules`` written to ``target`` with every recording rule and only the alerts a test file checks
+    (``asserted``), and those their expressions read through ``ALERTS``: no alert reads another's
+    state otherwise, so the others change no checked result and promtool need not evaluate them at
+    every time of every test. A rule file of no alert is taken as it is."""
+    document = load_shipped(rules.read_text(encoding="utf-8")) or {}
+    alerts = {rule["alert"]: rule for group in document.get("groups") or [] for rule in group.get("rules") or []
+              if "alert" in rule}
+    if not alerts:
+        return rules.resolve()
+    kept, todo = set(), [name for name in asserted if name in alerts]
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo += [read for read in _READ_ALERT.findall(alerts[name]["expr"]) if read in alerts]
+    groups = []
+    for group in document["groups"]:
+        chosen = [rule for rule in group["rules"] if "alert" not in rule or rule["alert"] in kept]
+        if chosen:
+            groups.append(group | {"rules": chosen})
+    target.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), encoding="utf-8")
+    return target.resolve()
+
+
+_READ_ALERT = re.compile(r'ALERTS\{[^}]*alertname="([^"]+)"')
+
+
+def with_step_statistics(text: str, rule_files: list[Path], statistics: Path) -> str:
+    """A test file's text that also loads the recorded step statistics the rules read and evaluates
+    them first at each evaluation time, as the group's rules are evaluated before they are read.
+    ``statistics`` is written with the rules of ``verl-step-statistics.rules.yml`` whose series the
+    test file gives (``recorded_from``): a recording rule of no input series records nothing, so
+    the others change no result, and promtool need not evaluate them at every time of every test.
+    promtool orders only the groups that ``group_eval_order`` lists, so it lists every group: the
+    statistics, then the others in file order."""
+    if any(path.name == STEP_STATISTICS_NAME for path in rule_files) \
+            or not any(path.name.startswith("verl-") for path in rule_files):
         return text
     groups = [group["name"] for path in [STEP_STATISTICS_FILE, *rule_files]
               for group in load_shipped(path.read_text(encoding="utf-8"))["groups"]]
     head, marker, rest = text.partition("\nrule_files:\n")
     if not marker or "group_eval_order" in text:
         raise ValueError("a test file with rule_files and without group_eval_order is expected")
+    shipped = load_shipped(STEP_STATISTICS_FILE.read_text(encoding="utf-8"))
+    (group,) = shipped["groups"]
+    given = given_statistics(text)
+    group["rules"] = [rule for rule in group["rules"] if recorded_from(rule["expr"], given)]
+    statistics.write_text(yaml.safe_dump(shipped, sort_keys=False), encoding="utf-8")
     indent = rest[:len(rest) - len(rest.lstrip(" "))]  # of the list's items
-    return f"{head}{marker}{indent}- {STEP_STATISTICS_FILE}\n{rest}\ngroup_eval_order: {json.dumps(groups)}\n"
+    return f"{head}{marker}{indent}- {statistics.resolve()}\n{rest}\ngroup_eval_order: {json.dumps(groups)}\n"
+
+
+_STATISTIC = re.compile(r'verl_training_([a-z_]+)\{([^}]*)\}')
+_METRIC_LABEL = re.compile(r'metric=\\?"([^"\\]+)')
+_RECORDED_INPUT = re.compile(r'verl_training_([a-z_]+)\{metric(=~?)"([^"]+)"\}')
+
+
+def given_statistics(text: str) -> set[tuple[str, str]]:
+    """(statistic, metric) of every ``verl_training_<statistic>{metric=...}`` series a test file names."""
+    return {(stat, metric.group(1)) for stat, labels in _STATISTIC.findall(text)
+            for metric in _METRIC_LABEL.finditer(labels)}
+
+
+def recorded_from(expr: str, given: set[tuple[str, str]]) -> bool:
+    """Whether a step statistic's recording rule reads any of ``given``."""
+    match = _RECORDED_INPUT.search(expr)
+    if match is None:
+        raise ValueError(f"not a recorded step statistic: {expr}")
+    stat, op, metric = match.groups()
+    if op == "=":
+        return (stat, metric) in given
+    return any(stat == name and re.fullmatch(metric, other) for name, other in given)
 
 
 def _get(node: yaml.Node | None, key: str) -> yaml.Node | None:

@@ -75,22 +75,46 @@ def test_promtool_unit_tests_pass(unit_test_runs, test_file):
     assert "SUCCESS" in output
 
 
-def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path):
-    """The unit tests pin the thresholds: the same tests against a rule with 0.5 -> 0.9 fail."""
+@pytest.mark.parametrize("moved", [False, True], ids=["as-shipped", "threshold-moved"])
+def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path, moved):
+    """The unit tests pin the thresholds: the same test, expanded as the suite expands it, passes against
+    the shipped rules and fails against a rule whose 0.5 became 0.9."""
     (tmp_path / render.RULES_DIR).mkdir(parents=True)
     (tmp_path / "tests" / "alerts").mkdir(parents=True)
     for path in RULE_FILES:
         text = path.read_text()
-        if path.name == "verl-training.rules.yml":
-            text = text.replace("verl_actor_pg_clipfrac > 0.5\n", "verl_actor_pg_clipfrac > 0.9\n")
+        if moved and path.name == "verl-training.rules.yml":
+            before = "(run:verl_actor_pg_clipfrac:recent_min > 0.5)"
+            assert before in text
+            text = text.replace(before, "(run:verl_actor_pg_clipfrac:recent_min > 0.9)")
         (tmp_path / render.RULES_DIR / path.name).write_text(text)
     tests = load_shipped((TESTS / "actor.test.yml").read_text())
     tests["tests"] = [case for case in tests["tests"] if case["name"].startswith("pg_clipfrac above 0.5")]
     assert len(tests["tests"]) == 1
     (tmp_path / "tests" / "alerts" / "actor.test.yml").write_text(yaml.safe_dump(tests))
-    result = promtool("test", "rules", "actor.test.yml", cwd=tmp_path / "tests" / "alerts")
-    assert result.returncode != 0
-    assert "VerlPolicyUpdateAggressive" in result.stdout + result.stderr
+    expanded = step_series.expand(tmp_path / "tests" / "alerts" / "actor.test.yml", tmp_path / "expanded")
+    assert str(tmp_path / "expanded") in expanded.read_text()  # the copies of the moved rules, not the shipped
+    result = promtool("test", "rules", str(expanded), cwd=tmp_path / "tests" / "alerts")
+    assert (result.returncode != 0) == moved, result.stdout + result.stderr
+    if moved:
+        assert "VerlPolicyUpdateAggressive" in result.stdout + result.stderr
+
+
+def test_an_expanded_test_file_keeps_the_alerts_it_checks_and_every_recording_rule(tmp_path):
+    """promtool evaluates only what a test file can check: its alerts, every recording rule, and the
+    step statistics of the series it gives; the rest records and fires nothing it reads."""
+    expanded = step_series.expand(TESTS / "actor.test.yml", tmp_path)
+    checked = {entry["alertname"] for case in load_shipped((TESTS / "actor.test.yml").read_text())["tests"]
+               for entry in case["alert_rule_test"]}
+    files = [Path(path) for path in load_shipped(expanded.read_text())["rule_files"]]
+    kept = [rule for path in files for group in load_shipped(path.read_text())["groups"] for rule in group["rules"]]
+    assert {rule["alert"] for rule in kept if "alert" in rule} == checked
+    training = load_shipped((shipped.rules_dir() / "verl-training.rules.yml").read_text())["groups"]
+    recorded = {rule["record"] for rule in kept if "record" in rule}
+    assert {rule["record"] for group in training for rule in group["rules"] if "record" in rule} <= recorded
+    statistics = {name for name in recorded if name.startswith("run:") and not name.endswith(":setting")}
+    assert "run:verl_actor_pg_clipfrac:recent_min" in statistics
+    assert "run:verl_critic_vf_explained_var:recent_max" not in statistics  # no critic series in the actor tests
 
 
 def test_every_alert_fires_with_all_annotations_and_stays_silent_somewhere():

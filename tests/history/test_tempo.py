@@ -75,6 +75,41 @@ def test_a_split_openmetrics_file_holds_every_sample_once_with_its_family(tmp_pa
     assert len([p for p in blocks.iterdir() if p.is_dir()]) >= len(parts)
 
 
+def test_a_history_written_straight_into_block_parts_is_the_split_of_its_whole_text(tmp_path):
+    """``BlockParts`` writes each block window's file as ``split_by_block`` cuts it from the whole text,
+    byte for byte; ``write_blocks`` leaves no part behind and promtool gets every sample."""
+    history, whole, written = slow_history(tmp_path)
+    split = tmp_path / "split"
+    split.mkdir()
+    cut = backfill.split_by_block(whole.rename(split / "whole.om"))
+    direct = tmp_path / "direct"
+    direct.mkdir()
+    parts = backfill.BlockParts(direct, backfill.BLOCK_MILLISECONDS)
+    assert backfill.write_openmetrics(history, parts, interval=600.0) == written
+    assert len(parts.written()) == len(cut) > 1
+    assert [part.read_text() for part in parts.written()] == [part.read_text() for part in cut]
+    work = tmp_path / "work"
+    work.mkdir()
+    assert backfill.write_blocks(history, work, tmp_path / "blocks", require_binary("promtool"),
+                                 interval=600.0) == written
+    assert list(work.iterdir()) == []  # no part left
+    assert sum(block_samples(tmp_path / "blocks")) == written
+
+
+def test_a_replay_reads_its_rule_files_again_when_they_change(tmp_path):
+    """The prepared rules are kept per rule files and interval, and read again when a file changes."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text("groups:\n- name: g\n  rules:\n  - alert: VerlA\n    expr: verl_a > 1\n")
+    first = replay.prepared_rules([rules], 15.0)[0]
+    assert [rule.expr.strip() for rule in first] == ["verl_a > 1"]
+    first.clear()  # a caller's list is its own
+    assert len(replay.prepared_rules([rules], 15.0)[0]) == 1
+    rules.write_text("groups:\n- name: g\n  rules:\n  - alert: VerlA\n    expr: verl_a > 2\n"
+                     "  - alert: VerlB\n    expr: verl_b > 2\n")
+    assert [rule.expr.strip() for rule in replay.prepared_rules([rules], 15.0)[0]] == ["verl_a > 2", "verl_b > 2"]
+    assert replay.prepared_rules([rules], 60.0)[0][0].interval == 60.0
+
+
 def block_samples(blocks: Path) -> list[int]:
     """Each block's sample count, as ``promtool tsdb list`` reads it."""
     listed = subprocess.run([require_binary("promtool"), "tsdb", "list", str(blocks)], capture_output=True,

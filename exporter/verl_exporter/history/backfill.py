@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from prometheus_client.utils import floatToGoString
 
@@ -176,10 +176,11 @@ def escape(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE_INTERVAL, job: str = "verl",
-                      instance: str = "backfill", keep: Callable[[str], bool] | None = None,
+def write_openmetrics(history: History, out: TextIO | BlockParts, *, interval: float = SCRAPE_INTERVAL,
+                      job: str = "verl", instance: str = "backfill", keep: Callable[[str], bool] | None = None,
                       copies: Mapping[tuple[str, str], str] | None = None) -> int:
     """Write the history as OpenMetrics with a timestamp on every sample; return the samples written.
+    ``out``: a text file, or ``BlockParts`` (one file per block window of the samples' times).
     ``keep``: whether a series name is written (all are without it). ``copies``: (series name, its
     ``metric`` label) -> a recorded name under which the series is written again without that label
     (a recording rule that only drops it: the same samples). Each series is written as its samples
@@ -189,6 +190,8 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
         shortest = (history.end - history.start) * len(history.series) / MAX_SAMPLES
         raise ValueError(f"{count} scrapes of {len(history.series)} series are over {MAX_SAMPLES:,} samples: "
                          f"give a longer --scrape-interval (at least {math.ceil(shortest)} s)")
+    parts = out if isinstance(out, BlockParts) else BlockParts.single(out)
+    scrapes = Scrapes(history.scrapes(interval), parts.block)
     target = (("instance", instance), ("job", job))
     written = 0
     by_family: dict[str, list[SeriesId]] = {}
@@ -202,35 +205,106 @@ def write_openmetrics(history: History, out: TextIO, *, interval: float = SCRAPE
         keys = [key for key in by_family.get(name, ()) if keep is None or keep(key[1])]
         if not keys:
             continue
-        out.write(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
+        parts.family(f"# HELP {name} {escape(documentation + HELP_NOTE)}\n# TYPE {name} {kind}\n")
         for key in sorted(keys):
             labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target))
-            written += _write_series(out, f"{key[1]}{{{labels}}} ", history.series[key], history.scrapes(interval))
+            written += _write_series(parts, f"{key[1]}{{{labels}}} ", history.series[key], scrapes)
     for name, keys in sorted(copied.items()):
-        out.write(f"# TYPE {name} gauge\n")
+        parts.family(f"# TYPE {name} gauge\n")
         for key in sorted(keys):
             labels = ",".join(f'{label}="{escape(value)}"' for label, value in sorted(key[2] + target)
                               if label != "metric")
-            written += _write_series(out, f"{name}{{{labels}}} ", history.series[key], history.scrapes(interval))
-    out.write("# EOF\n")
+            written += _write_series(parts, f"{name}{{{labels}}} ", history.series[key], scrapes)
+    parts.end()
     return written
 
 
-def _write_series(out: TextIO, prefix: str, changes: list, scrapes: Iterable[float]) -> int:
-    """One series' sample at each scrape (its value then, while it has one); the samples written."""
-    position, value, written = 0, None, 0
-    lines = []
-    for moment in scrapes:
+class Scrapes:
+    """The scrape times, each as written after a sample's value (`` <time>\\n``), and the block window
+    (``block`` milliseconds; 0 for none) each falls in."""
+
+    def __init__(self, times: Iterable[float], block: int = 0):
+        self.times = tuple(times)
+        self.texts = tuple(f" {moment:.3f}\n" for moment in self.times)
+        self.windows = tuple(int(moment * 1000) // block if block else 0 for moment in self.times)
+
+
+class BlockParts:
+    """OpenMetrics text as one file per block window (``block`` milliseconds) of its samples' times,
+    each with the HELP and TYPE lines of the families it holds and its own ``# EOF``: what promtool
+    reads once per block it writes. The parts are new files (``mkstemp``) in ``folder``; ``single``
+    writes everything to one text file instead."""
+
+    def __init__(self, folder: Path | None, block: int, stem: str = "backfill"):
+        self.folder, self.block, self.stem = folder, block, stem
+        self.files: dict[int, TextIO] = {}
+        self.paths: dict[int, Path] = {}
+        self.header = ""
+        self.headed: dict[int, str] = {}  # window -> the header it got last
+
+    @classmethod
+    def single(cls, out: TextIO) -> BlockParts:
+        parts = cls(None, 0)
+        parts.files[0] = out
+        return parts
+
+    def family(self, header: str) -> None:
+        self.header = header
+        if self.folder is None:  # one file: every family named, as written
+            self.files[0].write(header)
+            self.headed[0] = header
+
+    def write(self, window: int, lines: list[str]) -> None:
+        out = self.files.get(window)
+        if out is None:
+            assert self.folder is not None
+            handle, name = tempfile.mkstemp(prefix=f".{self.stem}-{window}-", suffix=".om", dir=self.folder)
+            out = self.files[window] = os.fdopen(handle, "w", encoding="utf-8")
+            self.paths[window] = Path(name)
+        if self.headed.get(window) is not self.header:
+            out.write(self.header)
+            self.headed[window] = self.header
+        out.writelines(lines)
+
+    def end(self) -> None:
+        for out in self.files.values():
+            out.write("# EOF\n")
+        if self.folder is not None:
+            self.close()
+
+    def close(self) -> None:
+        for out in self.files.values():
+            out.close()
+
+    def discard(self) -> None:
+        self.close()
+        for path in self.paths.values():
+            path.unlink(missing_ok=True)
+
+    def written(self) -> list[Path]:
+        return [self.paths[window] for window in sorted(self.paths)]
+
+
+def _write_series(parts: BlockParts, prefix: str, changes: list, scrapes: Scrapes) -> int:
+    """One series' sample at each scrape (its value then, while it has one); the samples written.
+    A value is formatted once, at the change that brings it."""
+    position, head, written = 0, None, 0
+    lines: list[str] = []
+    window = None
+    for moment, text, part in zip(scrapes.times, scrapes.texts, scrapes.windows):
         while position < len(changes) and changes[position][0] <= moment:
             value = changes[position][1]
+            head = None if value is None else prefix + floatToGoString(value)
             position += 1
-        if value is not None:
-            lines.append(f"{prefix}{floatToGoString(value)} {moment:.3f}\n")
-            if len(lines) == WRITE_LINES:
-                out.writelines(lines)
-                written += len(lines)
-                lines = []
-    out.writelines(lines)
+        if head is not None:
+            if part != window or len(lines) == WRITE_LINES:
+                if lines:
+                    parts.write(window, lines)  # type: ignore[arg-type]
+                    written += len(lines)
+                lines, window = [], part
+            lines.append(head + text)
+    if lines:
+        parts.write(window, lines)  # type: ignore[arg-type]
     return written + len(lines)
 
 
@@ -257,13 +331,33 @@ def create_blocks(openmetrics: Path, blocks: Path, promtool: str, block: int = B
     blocks.mkdir(parents=True, exist_ok=True)
     parts = split_by_block(openmetrics, block)
     try:
-        with ThreadPoolExecutor(PROMTOOLS_AT_ONCE) as pool:
-            results = list(pool.map(lambda part: subprocess.run(promtool_command(part, blocks, promtool, block),
-                                                                capture_output=True, text=True), parts))
+        blocks_from_parts(parts, blocks, promtool, block)
     finally:
         for part in parts:
             if part != openmetrics:
                 part.unlink(missing_ok=True)
+
+
+def write_blocks(history: History, folder: Path, blocks: Path, promtool: str, block: int = BLOCK_MILLISECONDS,
+                 **openmetrics: Any) -> int:
+    """``write_openmetrics`` of ``history`` straight into one file per block window (in ``folder``,
+    removed after), then promtool over each into ``blocks``: ``create_blocks`` without the whole
+    text written and read again. The samples written."""
+    blocks.mkdir(parents=True, exist_ok=True)
+    parts = BlockParts(folder, block)
+    try:
+        written = write_openmetrics(history, parts, **openmetrics)
+        blocks_from_parts(parts.written(), blocks, promtool, block)
+    finally:
+        parts.discard()
+    return written
+
+
+def blocks_from_parts(parts: list[Path], blocks: Path, promtool: str, block: int) -> None:
+    """promtool over each part (an OpenMetrics file of one block window), two at a time."""
+    with ThreadPoolExecutor(PROMTOOLS_AT_ONCE) as pool:
+        results = list(pool.map(lambda part: subprocess.run(promtool_command(part, blocks, promtool, block),
+                                                            capture_output=True, text=True), parts))
     for result in results:
         if result.returncode:
             raise RuntimeError(f"promtool failed ({result.returncode}): "

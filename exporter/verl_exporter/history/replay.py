@@ -32,7 +32,9 @@ would have fired, else 0; 2 on errors.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import math
 import shutil
 import signal
@@ -40,6 +42,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from prometheus_client.utils import floatToGoString
@@ -72,7 +75,7 @@ from .backfill import (
     create_blocks,
     escape,
     iso,
-    write_openmetrics,
+    write_blocks,
 )
 from .prometheus import Prometheus
 
@@ -93,23 +96,12 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
            prometheus: str, promtool: str) -> tuple[list[AlertHistory], int]:
     """Every alert's history over ``history``, and the number of alerting rules evaluated."""
     interval = evaluation_interval(history, interval)
-    alerts, recording = load_rules(rule_files, interval)
-    alerts = [dataclasses.replace(rule, interval=max(rule.interval, interval)) for rule in alerts]
-    for group in recording:
-        group["interval"] = f"{max(parse_duration(group['interval']), interval):g}s"
-    drops, recording = label_drops(recording)
-    alerts, recording = inline(alerts, recording)
-    alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
+    alerts, recording, drops, read = prepared_rules(rule_files, interval)
     data = workdir / "data"
-    openmetrics = workdir / "backfill.om"
-    exprs = [rule.expr for rule in alerts] + [entry["expr"] for group in recording for entry in group["rules"]]
-    read = referenced(exprs)
     copies = {source: name for source, name in drops.items() if read(name)}
-    with openmetrics.open("w", encoding="utf-8") as out:
-        write_openmetrics(history, out, interval=interval, keep=read, copies=copies)
     start, end = round(history.start, 3), round(history.end, 3)
     block = block_for(start, end)  # the raw and the recorded series' blocks alike
-    create_blocks(openmetrics, data, promtool, block)
+    write_blocks(history, workdir, data, promtool, block, interval=interval, keep=read, copies=copies)
     # Every served series has a sample at every scrape until it ends (backfill): a lookback of two scrapes
     # ends it there, as a live Prometheus's staleness marker does.
     server = Prometheus(workdir, data, prometheus, lookback=2 * interval)
@@ -131,6 +123,34 @@ def replay(history: History, rule_files: list[Path], workdir: Path, *, interval:
     finally:
         server.stop()
     return results, len(alerts)
+
+
+def prepared_rules(rule_files: list[Path], interval: float) -> tuple[list[AlertRule], list[dict],
+                                                                     dict[tuple[str, str], str], Callable[[str], bool]]:
+    """The alerts as a replay at ``interval`` evaluates them, the recording rules it evaluates, the
+    recorded series written beside the series they copy (``label_drops``) and whether a series name
+    is read: worked out once per rule files (by path, size and modification time) and interval."""
+    stamps = tuple((str(path), *_stamp(Path(path))) for path in rule_files)
+    alerts, recording, drops, read = _prepared(stamps, interval)
+    return list(alerts), copy.deepcopy(recording), dict(drops), read
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    status = path.stat()
+    return status.st_size, status.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=16)
+def _prepared(stamps: tuple[tuple[str, int, int], ...], interval: float) -> tuple:
+    alerts, recording = load_rules([Path(path) for path, _, _ in stamps], interval)
+    alerts = [dataclasses.replace(rule, interval=max(rule.interval, interval)) for rule in alerts]
+    for group in recording:
+        group["interval"] = f"{max(parse_duration(group['interval']), interval):g}s"
+    drops, recording = label_drops(recording)
+    alerts, recording = inline(alerts, recording)
+    alerts = [dataclasses.replace(rule, expr=read_fresh(rule.expr, recording)) for rule in alerts]
+    exprs = [rule.expr for rule in alerts] + [entry["expr"] for group in recording for entry in group["rules"]]
+    return tuple(alerts), recording, drops, functools.lru_cache(maxsize=None)(referenced(exprs))
 
 
 def evaluation_times(start: float, end: float, interval: float) -> list[float]:
