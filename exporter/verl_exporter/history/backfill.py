@@ -261,7 +261,7 @@ class BlockParts:
             handle, name = tempfile.mkstemp(prefix=f".{self.stem}-{window}-", suffix=".om", dir=self.folder)
             out = self.files[window] = os.fdopen(handle, "w", encoding="utf-8")
             self.paths[window] = Path(name)
-        if self.headed.get(window) is not self.header:
+        if self.headed.get(window) != self.header:
             out.write(self.header)
             self.headed[window] = self.header
         out.writelines(lines)
