@@ -140,8 +140,6 @@ def with_step_statistics(text: str, rule_files: list[Path], statistics: Path) ->
     if any(path.name == STEP_STATISTICS_NAME for path in rule_files) \
             or not any(path.name.startswith("verl-") for path in rule_files):
         return text
-    groups = [group["name"] for path in [STEP_STATISTICS_FILE, *rule_files]
-              for group in load_shipped(path.read_text(encoding="utf-8"))["groups"]]
     head, marker, rest = text.partition("\nrule_files:\n")
     if not marker or "group_eval_order" in text:
         raise ValueError("a test file with rule_files and without group_eval_order is expected")
@@ -150,6 +148,8 @@ def with_step_statistics(text: str, rule_files: list[Path], statistics: Path) ->
     given = given_statistics(text)
     group["rules"] = [rule for rule in group["rules"] if recorded_from(rule["expr"], given)]
     statistics.write_text(yaml.safe_dump(shipped, sort_keys=False), encoding="utf-8")
+    groups = [group["name"]] + [other["name"] for path in rule_files
+                                for other in load_shipped(path.read_text(encoding="utf-8"))["groups"]]
     indent = rest[:len(rest) - len(rest.lstrip(" "))]  # of the list's items
     return f"{head}{marker}{indent}- {statistics.resolve()}\n{rest}\ngroup_eval_order: {json.dumps(groups)}\n"
 

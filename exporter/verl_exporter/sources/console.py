@@ -23,7 +23,8 @@ FINISHED_MARKER = "Final validation metrics:"  # ray_trainer prints it after the
 WANDB_LINE_CHARS = 4096
 
 _SEPARATOR = " - "
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# A terminal escape sequence (colours, cursor moves, titles): what the readers strip before reading a line.
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _RAY_PREFIX = re.compile(r"\((?:[^()]*?\s)?pid=\d+(?:,[^()]*)?\)\s*")
 _RAY_REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*\Z")
 # The closing parenthesis is optional: _pairs may already have removed it.
@@ -89,14 +90,14 @@ def carriage_segments(line: str) -> list[str]:
     if "\r" not in body:
         return [body]
     parts = body.split("\r")
-    first = _ANSI.sub("", parts[0]) if "\x1b" in parts[0] else parts[0]
+    first = ANSI.sub("", parts[0]) if "\x1b" in parts[0] else parts[0]
     match = _RAY_PREFIX.match(first) if first.startswith("(") else None
     prefix = match.group(0) if match else ""
     if len(line.rstrip("\r")) == WANDB_LINE_CHARS:
         parts[-1] = _without_cut_pair(parts[-1])
     segments = []
     for index, part in enumerate(parts):
-        plain = _ANSI.sub("", part) if "\x1b" in part else part
+        plain = ANSI.sub("", part) if "\x1b" in part else part
         own = _RAY_PREFIX.match(plain) if plain.startswith("(") else None
         if not (plain[own.end():] if own else plain).strip():
             continue  # nothing but a prefix, blanks or ANSI codes
@@ -169,14 +170,14 @@ def is_finished_line(line: str) -> bool:
     if FINISHED_MARKER in line:
         return True
     # ANSI codes may colour the marker's words apart: only a line holding them is cleaned.
-    return "\x1b" in line and "Final" in line and FINISHED_MARKER in _ANSI.sub("", line)
+    return "\x1b" in line and "Final" in line and FINISHED_MARKER in ANSI.sub("", line)
 
 
 def _content(line: str) -> str:
     """What verl printed: no ANSI codes, no Ray decoration. Carriage returns are the caller's:
     a line that holds them is read by ``carriage_segments``."""
     if "\x1b" in line:
-        line = _ANSI.sub("", line)
+        line = ANSI.sub("", line)
     if line.startswith("("):
         prefix = _RAY_PREFIX.match(line)
         if prefix:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 
 from verl_exporter.sources import checkpoint, errors, fatal
-from verl_exporter.sources.console import _ANSI
+from verl_exporter.sources.console import ANSI
 
 # A step line's "step:" may have ANSI codes between its letters (``console._content`` removes them
 # before it reads the line): "step:" is looked for with any of them in between.
-_STEP = f"(?:{_ANSI.pattern})*".join("step:")
+_STEP = f"(?:{ANSI.pattern})*".join("step:")
 # "Final" is the end of training even where ANSI codes colour its words apart; "\r", a line of carriage
 # returns (read segment by segment: none of them holds a word the line does not).
 WORDS = (checkpoint.MARKER, "Total training steps:", "Final", "{'", "_name': '", "\r", *errors.WORDS, *fatal.WORDS)

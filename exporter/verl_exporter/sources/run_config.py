@@ -25,7 +25,7 @@ from collections import deque
 import yaml
 
 from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
-from verl_exporter.sources.console import _ANSI, _RAY_PREFIX, _RAY_REPEATED, _content, carriage_segments
+from verl_exporter.sources.console import _RAY_PREFIX, _RAY_REPEATED, ANSI, _content, carriage_segments
 from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
 MAX_CONFIG_LINES = 10_000
@@ -73,7 +73,7 @@ def _split(line: str) -> tuple[str, str]:
     """(Ray prefix or "", what the actor printed on the line): ANSI codes, tqdm redraws before a
     carriage return and Ray's ``[repeated Nx across cluster]`` removed, the row's indentation kept."""
     if "\x1b" in line:
-        line = _ANSI.sub("", line)
+        line = ANSI.sub("", line)
     line = line.rstrip("\r\n")
     prefix = _prefix(line)
     if "\r" in line:

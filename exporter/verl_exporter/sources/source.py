@@ -16,7 +16,7 @@ from typing import Literal, Mapping
 from verl_exporter.sources.checkpoint import MARKER, parse_checkpoint_start
 from verl_exporter.sources.config_files import CONFIG_READER, ConfigReader, Result, signature
 from verl_exporter.sources.console import (
-    _ANSI,
+    ANSI,
     carriage_segments,
     is_finished_line,
     parse_console_continuation,
@@ -315,7 +315,7 @@ class Source:
             step = state.last_step if state.last_step is not None else 0
             return Record(state.run, step, {}, now, finished=True, source=state.path)
         if not ACTOR_LINE.match(line):  # the driver's own line: its fatal end, if it is one
-            text = _ANSI.sub("", line) if "\x1b" in line else line
+            text = ANSI.sub("", line) if "\x1b" in line else line
             fatal = state.exit.feed(text)
             if fatal is not None:  # it names its run from the path if nothing did yet
                 return Record(state.run, state.last_step or 0, {}, now, source=state.path, fatal=fatal,
@@ -326,7 +326,7 @@ class Source:
         if kind is not None and (state.named or state.last_step is not None or kind == "cuda_oom"
                                  or (self.project and self.experiment)):
             return Record(state.run, state.last_step or 0, {}, now, source=state.path, error=kind,
-                          line=clean_text(_ANSI.sub("", line[:MAX_LINE_CHARS])))
+                          line=clean_text(ANSI.sub("", line[:MAX_LINE_CHARS])))
         return None
 
     def _config_print(self, state: FileState, line: str, now: float) -> Record | None | Literal[False]:
