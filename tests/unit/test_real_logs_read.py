@@ -11,7 +11,7 @@ import pytest
 from record_keeper import RecordCollector
 
 from verl_exporter.sources import Source
-from verl_exporter.sources.console import _content
+from verl_exporter.sources.console import content
 
 REAL_RUNS = Path(__file__).resolve().parents[2].parent / "shared" / "real-runs"
 LOGS = sorted(path for path in REAL_RUNS.glob("*/*") if path.name != "SOURCE.md") if REAL_RUNS.is_dir() else []
@@ -22,7 +22,7 @@ def has_config_print(path: Path) -> bool:
     opened = named = False
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            opened = opened or _content(line).lstrip().startswith("{'")
+            opened = opened or content(line).lstrip().startswith("{'")
             named = named or "'project_name': '" in line
     return opened and named
 

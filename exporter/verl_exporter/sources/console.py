@@ -25,8 +25,10 @@ WANDB_LINE_CHARS = 4096
 _SEPARATOR = " - "
 # A terminal escape sequence (colours, cursor moves, titles): what the readers strip before reading a line.
 ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_RAY_PREFIX = re.compile(r"\((?:[^()]*?\s)?pid=\d+(?:,[^()]*)?\)\s*")
-_RAY_REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*\Z")
+# Ray's decoration of an actor's output: its prefix (``(TaskRunner pid=222265)``) and the note it ends a
+# line with when it folded repeated lines into one.
+RAY_PREFIX = re.compile(r"\((?:[^()]*?\s)?pid=\d+(?:,[^()]*)?\)\s*")
+RAY_REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*\Z")
 # The closing parenthesis is optional: _pairs may already have removed it.
 _NUMPY_SCALAR = re.compile(r"(?:np|numpy)\.(?:float|int|uint)\d*\(([^()]*)\)?\Z")
 _NUMPY_PREFIXES = (":np.float64(", ":np.float32(", ":np.int64(", ":np.int32(")
@@ -51,7 +53,7 @@ def parse_console_line(line: str, *, lazy: bool = False,
     """
     if "\r" in line:
         return _last_step(carriage_segments(line), lazy, dropped)
-    text = _content(line).strip()
+    text = content(line).strip()
     if not text.startswith("step:"):
         return None
     cut_by_wandb = len(line) == WANDB_LINE_CHARS
@@ -91,14 +93,14 @@ def carriage_segments(line: str) -> list[str]:
         return [body]
     parts = body.split("\r")
     first = ANSI.sub("", parts[0]) if "\x1b" in parts[0] else parts[0]
-    match = _RAY_PREFIX.match(first) if first.startswith("(") else None
+    match = RAY_PREFIX.match(first) if first.startswith("(") else None
     prefix = match.group(0) if match else ""
     if len(line.rstrip("\r")) == WANDB_LINE_CHARS:
         parts[-1] = _without_cut_pair(parts[-1])
     segments = []
     for index, part in enumerate(parts):
         plain = ANSI.sub("", part) if "\x1b" in part else part
-        own = _RAY_PREFIX.match(plain) if plain.startswith("(") else None
+        own = RAY_PREFIX.match(plain) if plain.startswith("(") else None
         if not (plain[own.end():] if own else plain).strip():
             continue  # nothing but a prefix, blanks or ANSI codes
         segments.append(prefix + part if prefix and index and own is None else part)
@@ -107,11 +109,11 @@ def carriage_segments(line: str) -> list[str]:
 
 def _without_cut_pair(segment: str) -> str:
     """A step segment that wandb may have cut, without its last pair where that shows the cut."""
-    text = _content(segment).rstrip()
+    text = content(segment).rstrip()
     if not text.lstrip().startswith("step:") or text.endswith(" -"):
         return segment
     first, last = segment.find(_SEPARATOR), segment.rfind(_SEPARATOR)
-    cut = last > first >= 0 and _shows_cut(_content(segment[last + len(_SEPARATOR):]))
+    cut = last > first >= 0 and _shows_cut(content(segment[last + len(_SEPARATOR):]))
     return segment[:last] if cut else segment
 
 
@@ -154,7 +156,7 @@ def parse_console_continuation(line: str, dropped: DropCounter | None = None) ->
         for segment in carriage_segments(line):
             merged.update(parse_console_continuation(segment, dropped) or {})
         return merged or None
-    text = _content(line).strip()
+    text = content(line).strip()
     if not text.startswith("- "):
         return None
     if text.endswith(" -"):  # a bare separator at its end: the pairs before it are whole
@@ -173,19 +175,24 @@ def is_finished_line(line: str) -> bool:
     return "\x1b" in line and "Final" in line and FINISHED_MARKER in ANSI.sub("", line)
 
 
-def _content(line: str) -> str:
+def content(line: str) -> str:
     """What verl printed: no ANSI codes, no Ray decoration. Carriage returns are the caller's:
     a line that holds them is read by ``carriage_segments``."""
     if "\x1b" in line:
         line = ANSI.sub("", line)
     if line.startswith("("):
-        prefix = _RAY_PREFIX.match(line)
+        prefix = RAY_PREFIX.match(line)
         if prefix:
             line = line[prefix.end() :]
+    return without_repeated_note(line)
+
+
+def without_repeated_note(line: str) -> str:
+    """``line`` without Ray's ``[repeated 3x across cluster]`` at its end."""
     if line.endswith("]") or line.endswith("] "):
         start = line.rfind("[repeated ")
-        if start >= 0 and _RAY_REPEATED.match(line, start):
-            line = line[:start].rstrip()
+        if start >= 0 and RAY_REPEATED.match(line, start):
+            return line[:start].rstrip()
     return line
 
 

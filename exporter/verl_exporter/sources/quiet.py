@@ -12,7 +12,7 @@ import re
 from verl_exporter.sources import checkpoint, errors, fatal
 from verl_exporter.sources.console import ANSI
 
-# A step line's "step:" may have ANSI codes between its letters (``console._content`` removes them
+# A step line's "step:" may have ANSI codes between its letters (``console.content`` removes them
 # before it reads the line): "step:" is looked for with any of them in between.
 _STEP = f"(?:{ANSI.pattern})*".join("step:")
 # "Final" is the end of training even where ANSI codes colour its words apart; "\r", a line of carriage

@@ -25,7 +25,7 @@ from collections import deque
 import yaml
 
 from verl_exporter.config.yaml_files import AliasRefused, NoAliasLoader
-from verl_exporter.sources.console import _RAY_PREFIX, _RAY_REPEATED, ANSI, _content, carriage_segments
+from verl_exporter.sources.console import ANSI, RAY_PREFIX, carriage_segments, content, without_repeated_note
 from verl_exporter.store.records import MAX_STEP, ParseError, clean_text
 
 MAX_CONFIG_LINES = 10_000
@@ -60,7 +60,7 @@ def parse_total_steps(line: str) -> int | None:
     if "\r" in line:  # a progress bar drawn before or after it on the same line
         found = [segment for segment in carriage_segments(line) if "Total training steps:" in segment]
         return parse_total_steps(found[-1]) if found else None
-    match = _TOTAL_STEPS.search(_content(line).rstrip())
+    match = _TOTAL_STEPS.search(content(line).rstrip())
     if not match:
         return None
     digits = match.group(1)
@@ -81,16 +81,12 @@ def _split(line: str) -> tuple[str, str]:
         prefix = _prefix(line) or prefix
     if prefix and line.startswith(prefix):
         line = line[len(prefix) + 1:] if line[len(prefix):len(prefix) + 1] == " " else line[len(prefix):]
-    if line.endswith("]") or line.endswith("] "):
-        start = line.rfind("[repeated ")
-        if start >= 0 and _RAY_REPEATED.match(line, start):
-            line = line[:start].rstrip()
-    return prefix, line
+    return prefix, without_repeated_note(line)
 
 
 def _prefix(line: str) -> str:
     """The Ray prefix a line starts with (``(TaskRunner pid=222265)``), or ""."""
-    match = _RAY_PREFIX.match(line) if line.startswith("(") else None
+    match = RAY_PREFIX.match(line) if line.startswith("(") else None
     return match.group(0).rstrip() if match else ""
 
 
@@ -196,7 +192,7 @@ def _piece(text: str, quote: str, opened: list[str]) -> tuple[str, str, list[str
     stop, after_quote, valid = _scan(text, quote, after)
     if not valid:
         cut = text.rfind("(", 0, stop + 1)
-        glued = _RAY_PREFIX.match(text, cut) if cut >= 0 else None
+        glued = RAY_PREFIX.match(text, cut) if cut >= 0 else None
         if glued is None or glued.end() <= stop:
             return None
         after = list(opened)  # another actor's output glued to the row: the row ends at its prefix
