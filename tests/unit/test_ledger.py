@@ -130,3 +130,31 @@ def test_the_store_ticks_a_hung_run_and_serves_its_stall():
         store.ingest(Record(RUN, step, {"timing_s/step": 60.0}, time=60.0 * step))
     store.tick(300.0 + 3600.0)
     assert served(store)["verl_run_gpu_seconds_total"]["stalled"] == (3600.0 - 180.0) * GPUS
+
+
+def test_a_save_whose_timed_step_line_was_lost_is_checkpoint_time_not_a_stall():
+    """A 40-minute save began at 330 s; the line of its step, which timed it, never came: the next step's
+    line (60 s) ends at 2,820 s. From the save's start to that step's start is the save's; the 30 s of the
+    step before it are time between steps, within the stall bound."""
+    ledger = ledger_of(*[(60.0 * k, {"timing_s/step": 60.0}) for k in range(1, 6)])
+    ledger.step(2820.0, {"timing_s/step": 60.0}, saving_since=330.0)
+    assert ledger.seconds["stalled"] == 0.0
+    assert ledger.seconds["checkpoint"] == (2760.0 - 330.0) * GPUS
+    assert ledger.seconds["between_steps"] == 30.0 * GPUS
+    assert ledger.lifetime() == pytest.approx(2820.0 * GPUS)
+    # The same gap with no save in it is a stall, as before.
+    hung = ledger_of(*[(60.0 * k, {"timing_s/step": 60.0}) for k in range(1, 6)])
+    hung.step(2820.0, {"timing_s/step": 60.0})
+    assert hung.seconds["stalled"] == 2460.0 * GPUS and hung.seconds["checkpoint"] == 0.0
+
+
+def test_the_store_counts_a_save_whose_step_line_was_lost_as_checkpoint_time():
+    store = RunStore(default_catalog())
+    store.ingest(Record(RUN, 0, {}, time=0.0, run_config=CONFIG))
+    for step in range(1, 6):
+        store.ingest(Record(RUN, step, {"timing_s/step": 60.0}, time=60.0 * step))
+    store.ingest(Record(RUN, 6, {}, time=330.0, checkpoint_step=6))  # the save of step 6 begins
+    store.tick(330.0 + 1800.0)  # saving: no stall while it lasts
+    store.ingest(Record(RUN, 7, {"timing_s/step": 60.0}, time=2820.0))  # step 6's line was lost
+    buckets = served(store)["verl_run_gpu_seconds_total"]
+    assert buckets["stalled"] == 0.0 and buckets["checkpoint"] == (2760.0 - 330.0) * GPUS

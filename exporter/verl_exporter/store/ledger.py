@@ -7,7 +7,8 @@ to its end; every second of that, times its GPUs, goes to one bucket:
   the engines' warm-up), and again from each restart to the end of the step after it;
 - ``productive``: the steps, without their validation and checkpoint parts (``timing_s/step`` less
   ``timing_s/testing`` and ``timing_s/save_checkpoint``);
-- ``validation``, ``checkpoint``: those parts;
+- ``validation``, ``checkpoint``: those parts (and, where the line that timed a save was lost, the time
+  from the save's start to the next step's);
 - ``between_steps``: the time between one step's end and the next one's start (logging, the final
   validation and save after the last step);
 - ``stalled``: such time past what the run's steps make likely (``stall_bound``): counted as it accrues,
@@ -94,9 +95,11 @@ class Ledger:
         self.counted = due
         return True
 
-    def step(self, moment: float, values: Mapping) -> None:
+    def step(self, moment: float, values: Mapping, *, saving_since: float | None = None) -> None:
         """A step ended at ``moment``, its timings in ``values``. An attempt's first step counts as its
-        start-up (it holds the engines' warm-up)."""
+        start-up (it holds the engines' warm-up). ``saving_since``: a checkpoint save began then and ended
+        with this step; where the line that timed it was lost, the time from its start to this step's
+        start is the save's, not a stall."""
         took = _seconds(values, STEP_DURATION_KEYS)
         if self.since is None and self.finished_at is not None:  # a step logged after verl's end of training
             self.since, self.stepped, self.counted = self.finished_at, True, 0.0
@@ -109,10 +112,15 @@ class Ledger:
             self.at_risk += min(took, gap) * self.gpus
         else:
             work = min(took or free, free)
-            if free > work:  # idle time: the stall bound tells which
+            if free > work:  # idle time: a save that ran in it, then the stall bound tells which
+                began, saving = moment - (took or free), 0.0
+                if saving_since is not None:
+                    saving = min(free - work, max(0.0, began - max(saving_since, self.since + self.counted)))
+                    self._add("checkpoint", saving)
                 bound = self.stall_bound()
-                waited = gap - (took or free)
-                self._add("stalled" if bound is not None and waited > bound else "between_steps", free - work)
+                waited = began - self.since - saving
+                self._add("stalled" if bound is not None and waited > bound else "between_steps",
+                          free - work - saving)
             if work > 0:  # none where the step took no time since the last (a backlog's lines, read at once)
                 testing = min(_seconds(values, TESTING_KEYS), work)
                 saving = min(_seconds(values, CHECKPOINT_SAVE_KEYS), work - testing)

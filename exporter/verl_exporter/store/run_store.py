@@ -133,9 +133,10 @@ class RunStore:
             if record.error is not None or record.fatal is not None:
                 self._log_error(state, record)
                 return
-            saved = False
+            saved, saving_since = False, None
             if state.checkpoint is not None and state.checkpoint.saving and (
                     record.finished or record.step >= state.checkpoint.step):
+                saving_since = state.checkpoint.started
                 state.checkpoint.end(record.time, values)
                 saved = True
             if record.finished:
@@ -143,7 +144,7 @@ class RunStore:
                 state.ledger.end(record.time, failed=False)
                 return
             if record.step != state.last_step:
-                state.ledger.step(record.time, values)
+                state.ledger.step(record.time, values, saving_since=saving_since)
                 if saved:
                     state.ledger.saved()
                 state.last_step = record.step
