@@ -17,7 +17,10 @@ onset of its failure) and changes only what the regime changes:
 - ``resumed``: the run resumed at step 101 (a run of fewer than 120 steps: at its middle step), no
   step before it logged;
 - ``progress-bars``: a tqdm bar drawn over every step line after a carriage return (and every third
-  one before it too), as on an Ascend NPU cluster.
+  one before it too), as on an Ascend NPU cluster;
+- ``rescaled``: rewards 10 times larger (a reward function that scores 0 to 10, as ALFWorld's success
+  does): every value in their unit (scores, rewards, returns, values, validation scores) 10 times, the
+  critic's loss 100 times and its gradient norm 10 times; advantages, normalised, stay as they are.
 
 The random choices are seeded by the run's name: the same steps every time.
 """
@@ -44,6 +47,8 @@ VALIDATION_STEPS = 15.0  # a validation takes this many of the run's median step
 RESUME_AT = 101
 SMALL_BATCH = 8
 NO_SIGNAL = ("critic/advantages/mean", "critic/advantages/max", "critic/advantages/min")
+REWARD_SCALE = 10.0
+IN_REWARD_UNITS = ("critic/score/", "critic/rewards/", "critic/returns/", "critic/values/", "critic/vpred_mean")
 
 
 @dataclass
@@ -203,6 +208,25 @@ def resumed(name: str, run: Run) -> Run:
                    events=[(time, line) for time, line in run.events if time >= begins])
 
 
+def _in_reward_units(key: str) -> bool:
+    if key.startswith(IN_REWARD_UNITS):
+        return True
+    return is_validation_key(key) and ("reward" in key or "score" in key)
+
+
+def rescaled(name: str, run: Run) -> Run:
+    powers = {"critic/vf_loss": 2, "critic/grad_norm": 1}
+    steps = []
+    for step, values in run.steps:
+        out = dict(values)  # a NaN or Inf stays as logged
+        for key, value in values.items():
+            power = powers.get(key, 1 if _in_reward_units(key) else 0)
+            if power and math.isfinite(value):
+                out[key] = value * REWARD_SCALE ** power
+        steps.append((step, out))
+    return run.but(steps=steps)
+
+
 def progress_bars(name: str, run: Run) -> Run:
     return run  # the bars are drawn when the run is written (``write_run``)
 
@@ -214,6 +238,7 @@ TRANSFORMS: dict[str, Callable[[str, Run], Run]] = {
     "zero-gradient": zero_gradient,
     "resumed": resumed,
     "progress-bars": progress_bars,
+    "rescaled": rescaled,
 }
 
 

@@ -49,7 +49,7 @@
           },
           {
             "alert": "VerlCriticVfLossSpike",
-            "expr": "(\n  (\n    run:verl_critic_vf_loss:recent_min\n    and\n    (\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 6\n      and\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / clamp_min(abs(run:verl_critic_vf_loss:prior_mean), 0.05) > 1\n      and\n      (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_median\n    and\n    (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / clamp_min(run:verl_critic_vf_loss:prior_stddev, 0.05) > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticVfLossSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_loss:recent_min\n    and\n    (\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / run:verl_critic_vf_loss:prior_stddev_floored > 6\n      and\n      (run:verl_critic_vf_loss:recent_min - run:verl_critic_vf_loss:prior_mean) / run:verl_critic_vf_loss:size_prior_mean_floored > 1\n      and\n      (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / run:verl_critic_vf_loss:prior_stddev_floored > 0.5 * 6\n    )\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_median\n    and\n    (run:verl_critic_vf_loss:window_median - run:verl_critic_vf_loss:prior_mean) / run:verl_critic_vf_loss:prior_stddev_floored > 0.5 * 6\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticVfLossSpike\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
@@ -931,13 +931,13 @@
           },
           {
             "alert": "VerlCriticLossNotDecreasing",
-            "expr": "(\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:recent_min > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:window_median > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticLossNotDecreasing\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:recent_min > on(job, instance, project, experiment, user, team) (1 * (run:verl_critic_score:scale * run:verl_critic_score:scale))\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_loss:window_mean > (1 - 0.05) * run:verl_critic_vf_loss:prior_mean\n    and\n    run:verl_critic_vf_loss:window_median > on(job, instance, project, experiment, user, team) (1 * (run:verl_critic_score:scale * run:verl_critic_score:scale))\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticLossNotDecreasing\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "info"
             },
             "annotations": {
               "summary": "The critic's loss has stopped decreasing while still high.",
-              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vf_loss averaged {{ $value | printf \"%.4g\" }} over the last 10 steps, not lower than the 10 steps before, and is above 1.",
+              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vf_loss averaged {{ $value | printf \"%.4g\" }} over the last 10 steps, not lower than the 10 steps before, and is above 1 times the run's score range squared.",
               "runbook_url": $._config.runbookURL + "#verlcriticlossnotdecreasing",
               "dashboard_url": std.strReplace("{{ if $labels.experiment }}@@GRAFANA_URL@@/d/verl-run/run-detail?var-project={{ $labels.project | urlquery }}&var-experiment={{ $labels.experiment | urlquery }}&var-user={{ $labels.user | urlquery }}{{ else if $labels.instance }}@@GRAFANA_URL@@/d/verl-gpu/gpu-nodes?var-instance={{ $labels.instance | urlquery }}{{ if $labels.gpu }}&var-gpu={{ $labels.gpu | urlquery }}{{ end }}{{ else }}@@GRAFANA_URL@@/d/verl-fleet/fleet-overview{{ if $labels.team }}?var-team={{ $labels.team | urlquery }}{{ end }}{{ end }}", "@@GRAFANA_URL@@", $._config.grafanaURL),
               "fix": "Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable."
@@ -959,13 +959,13 @@
           },
           {
             "alert": "VerlCriticValueOffTarget",
-            "expr": "(\n  (\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1\n    and\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > 1\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticValueOffTarget\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > on(job, instance, project, experiment, user, team) (1 * run:verl_critic_score:scale)\n    and\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > on(job, instance, project, experiment, user, team) (1 * run:verl_critic_score:scale)\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    abs(run:verl_critic_vpred_mean:window_median - run:verl_critic_returns_mean:window_median) > on(job, instance, project, experiment, user, team) (1 * run:verl_critic_score:scale)\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticValueOffTarget\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
             "annotations": {
               "summary": "The critic's predicted values are far from the returns.",
-              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vpred_mean is {{ $value | printf \"%.4g\" }} away from critic/returns/mean (more than 1).",
+              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vpred_mean is {{ $value | printf \"%.4g\" }} away from critic/returns/mean (more than 1 times the run's score range).",
               "runbook_url": $._config.runbookURL + "#verlcriticvalueofftarget",
               "dashboard_url": std.strReplace("{{ if $labels.experiment }}@@GRAFANA_URL@@/d/verl-run/run-detail?var-project={{ $labels.project | urlquery }}&var-experiment={{ $labels.experiment | urlquery }}&var-user={{ $labels.user | urlquery }}{{ else if $labels.instance }}@@GRAFANA_URL@@/d/verl-gpu/gpu-nodes?var-instance={{ $labels.instance | urlquery }}{{ if $labels.gpu }}&var-gpu={{ $labels.gpu | urlquery }}{{ end }}{{ else }}@@GRAFANA_URL@@/d/verl-fleet/fleet-overview{{ if $labels.team }}?var-team={{ $labels.team | urlquery }}{{ end }}{{ end }}", "@@GRAFANA_URL@@", $._config.grafanaURL),
               "fix": "Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation."
@@ -1114,13 +1114,13 @@
           },
           {
             "alert": "VerlCriticNotLearning",
-            "expr": "(\n  (\n    run:verl_critic_vf_explained_var:recent_max < 0\n    and\n    run:verl_critic_vf_loss:recent_min > 10\n    and\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > 1\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_explained_var:window_median < 0\n    and\n    run:verl_critic_vf_loss:window_median > 10\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticNotLearning\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_critic_vf_explained_var:recent_max < 0\n    and\n    run:verl_critic_vf_loss:recent_min > on(job, instance, project, experiment, user, team) (10 * (run:verl_critic_score:scale * run:verl_critic_score:scale))\n    and\n    abs(verl_critic_vpred_mean - verl_critic_returns_mean) > on(job, instance, project, experiment, user, team) (1 * run:verl_critic_score:scale)\n    and\n    verl_training_last_step >= 20\n  )\n  or\n  (\n    run:verl_critic_vf_explained_var:window_median < 0\n    and\n    run:verl_critic_vf_loss:window_median > on(job, instance, project, experiment, user, team) (10 * (run:verl_critic_score:scale * run:verl_critic_score:scale))\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlCriticNotLearning\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
             "annotations": {
               "summary": "The critic is not learning: negative explained variance, high loss, values far from returns.",
-              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vf_explained_var is {{ $value | printf \"%.4g\" }} with critic/vf_loss above 10 and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",
+              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: critic/vf_explained_var is {{ $value | printf \"%.4g\" }} with critic/vf_loss above 10 times the run's score range squared, and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",
               "runbook_url": $._config.runbookURL + "#verlcriticnotlearning",
               "dashboard_url": std.strReplace("{{ if $labels.experiment }}@@GRAFANA_URL@@/d/verl-run/run-detail?var-project={{ $labels.project | urlquery }}&var-experiment={{ $labels.experiment | urlquery }}&var-user={{ $labels.user | urlquery }}{{ else if $labels.instance }}@@GRAFANA_URL@@/d/verl-gpu/gpu-nodes?var-instance={{ $labels.instance | urlquery }}{{ if $labels.gpu }}&var-gpu={{ $labels.gpu | urlquery }}{{ end }}{{ else }}@@GRAFANA_URL@@/d/verl-fleet/fleet-overview{{ if $labels.team }}?var-team={{ $labels.team | urlquery }}{{ end }}{{ end }}", "@@GRAFANA_URL@@", $._config.grafanaURL),
               "fix": "Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2)."

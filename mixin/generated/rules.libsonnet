@@ -274,10 +274,6 @@
             "expr": "max without(metric) (verl_training_prior_mean{metric=\"verl_critic_vf_loss\"})\n"
           },
           {
-            "record": "run:verl_critic_vf_loss:prior_stddev",
-            "expr": "max without(metric) (verl_training_prior_stddev{metric=\"verl_critic_vf_loss\"})\n"
-          },
-          {
             "record": "run:verl_critic_vf_loss:recent_min",
             "expr": "max without(metric) (verl_training_recent_min{metric=\"verl_critic_vf_loss\"})\n"
           },
@@ -586,6 +582,23 @@
           {
             "record": "run:verl_train_batch_size:setting",
             "expr": "max without(key) (verl_run_config{key=\"data.train_batch_size\"})\n"
+          }
+        ]
+      },
+      {
+        "name": "verl-run-figures",
+        "rules": [
+          {
+            "record": "run:verl_critic_score:scale",
+            "expr": "(\n  (max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0\n  or\n  0 * verl_training_last_step + 1\n)\n"
+          },
+          {
+            "record": "run:verl_critic_vf_loss:prior_stddev_floored",
+            "expr": "max without(metric) (verl_training_prior_stddev{metric=\"verl_critic_vf_loss\"}) > on(job, instance, project, experiment, user, team) (0.05 * (((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1) * ((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1)))\nor on(job, instance, project, experiment, user, team)\n(\n  0.05 * (((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1) * ((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1))\n)\n"
+          },
+          {
+            "record": "run:verl_critic_vf_loss:size_prior_mean_floored",
+            "expr": "abs(max without(metric) (verl_training_prior_mean{metric=\"verl_critic_vf_loss\"})) > on(job, instance, project, experiment, user, team) (0.05 * (((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1) * ((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1)))\nor on(job, instance, project, experiment, user, team)\n(\n  0.05 * (((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1) * ((max without(metric) (verl_training_run_max{metric=\"verl_critic_score_max\"}) - max without(metric) (verl_training_run_min{metric=\"verl_critic_score_min\"})) > 0 or 0 * verl_training_last_step + 1))\n)\n"
           }
         ]
       },

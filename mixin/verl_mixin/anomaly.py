@@ -19,7 +19,7 @@ import math
 
 from verl_exporter.store.step_windows import LONG
 
-from .model import Alert, Group, steps, sub
+from .model import Alert, Group, raw_steps, recorded, steps, sub
 
 # Its numbers are the catalog's table ``rules.anomaly`` (``${anomaly:spike_zscore}``, ``${anomaly:floor_<metric>}``).
 # The standard error of the difference of two means of LONG steps, in standard deviations of one step:
@@ -27,23 +27,39 @@ from .model import Alert, Group, steps, sub
 EXTRA = {"anomaly": {"long_gain_stderr": round(math.sqrt(2 / LONG), 4)}}
 
 
+# Metrics in the unit of the run's rewards, squared for a squared error: their floor is in that unit too, so
+# a run that scores 0 to 10 is judged as one that scores 0 to 1. The floored figures are recorded once per
+# run (``model.recorded``), from the statistics themselves.
+IN_SCORE_UNITS = {"verl_critic_vf_loss": "(${SCORE_SCALE_OF_STATISTICS} * ${SCORE_SCALE_OF_STATISTICS})"}
+
+
 def floor(metric: str) -> str:
     """The placeholder of ``metric``'s floor of the spread."""
     return "${anomaly:floor_" + metric.removeprefix("verl_") + "}"
 
 
+def floored(stat: str, metric: str, *, size: bool = False) -> str:
+    """``metric``'s statistic ``stat`` (its absolute value where ``size``), or its floor where it is below."""
+    value = (raw_steps if metric in IN_SCORE_UNITS else steps)(stat, metric)
+    value = f"abs({value})" if size else value
+    if metric not in IN_SCORE_UNITS:
+        return sub("clamp_min(${value}, ${floor})", value=value, floor=floor(metric))
+    scaled = sub("(${floor} * ${unit})", floor=floor(metric), unit=IN_SCORE_UNITS[metric])
+    return recorded(f"run:{metric}:{'size_' if size else ''}{stat}_floored",
+                    sub("${value} > ${RUN_MATCH} ${scaled} or ${RUN_MATCH} ${scaled}", value=value, scaled=scaled))
+
+
 def zscore(metric: str, stat: str) -> str:
     """Statistic ``stat`` of ``metric``'s last steps, in standard deviations of the 10 steps before the
     last 10 away from their mean."""
-    return sub("(${now} - ${mean}) / clamp_min(${spread}, ${floor})", now=steps(stat, metric),
-               mean=steps("prior_mean", metric), spread=steps("prior_stddev", metric),
-               floor=floor(metric))
+    return sub("(${now} - ${mean}) / ${spread}", now=steps(stat, metric),
+               mean=steps("prior_mean", metric), spread=floored("prior_stddev", metric))
 
 
 def change(metric: str, stat: str) -> str:
     """Statistic ``stat`` of ``metric``'s last steps relative to the mean of the 10 steps before the last 10."""
-    return sub("(${now} - ${mean}) / clamp_min(abs(${mean}), ${floor})", now=steps(stat, metric),
-               mean=steps("prior_mean", metric), floor=floor(metric))
+    return sub("(${now} - ${mean}) / ${size}", now=steps(stat, metric), mean=steps("prior_mean", metric),
+               size=floored("prior_mean", metric, size=True))
 
 
 def recording_rules() -> list[dict]:
@@ -87,9 +103,9 @@ def _shift(metric: str, key: str, name: str, kind: str, summary: str, meaning: s
                  zscore=zscore(metric, "recent_max"), by_z=by_z, change=change(metric, "recent_max"),
                  by_change=by_change),
         # It lasts while the median of the last 10 steps is still that far below the run's best 10 steps.
-        stay=sub("${median} and (${best} - ${median} > ${anomaly:drop_change} * clamp_min(abs(${best}), ${floor}))",
+        stay=sub("${median} and (${best} - ${median} > ${anomaly:drop_change} * ${size})",
                  best=steps("best_window_mean", metric), median=steps("window_median", metric),
-                 floor=floor(metric)),
+                 size=floored("best_window_mean", metric, size=True)),
         for_="0s", summary=summary,
         description=sub("Run ${RUN}: ${key} has fallen to ${NUMBER}, far below its mean over the 10 steps before "
                         "the last 10 (over ${anomaly:shift_zscore} of their standard deviations at each of the last 3 "
@@ -180,7 +196,9 @@ ANOMALY = Group(name="verl-anomaly", file="verl-anomaly.rules.yml", title="The r
     _spike("verl_critic_vf_loss", "critic/vf_loss", "VerlCriticVfLossSpike", "The critic's loss",
            "`critic/vf_loss` stayed far above its earlier mean for 3 steps: the returns are "
            "far from what "
-           "the critic predicts (a reward scale change, outlier rewards) or the critic diverges.",
+           "the critic predicts (a reward scale change, outlier rewards) or the critic diverges. The floor of "
+           "its spread is in the square of the run's score range (`critic/score/max` minus `/min` over the run, "
+           "1 where every batch scored alike), so a run that scores 0 to 10 is judged as one that scores 0 to 1.",
            "Check `critic/returns/*` and `critic/rewards/*` at that step; if the loss keeps climbing, lower "
            "`critic.optim.lr` or clip the rewards."),
     _shift("verl_critic_score_mean", "critic/score/mean", "VerlScoreCollapsed", "drop",

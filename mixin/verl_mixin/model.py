@@ -155,8 +155,13 @@ def steps(stat: str, metric: str) -> str:
     """The run's statistic ``stat`` (step_windows.STATS) of ``metric``, labelled as the run's
     series are (the ``metric`` label dropped, so statistics of two metrics compare directly): the
     recorded series ``run:<metric>:<stat>``."""
+    return _recorded(f"run:{metric}:{stat}", raw_steps(stat, metric))
+
+
+def raw_steps(stat: str, metric: str) -> str:
+    """``steps`` as a recording rule reads it: the exporter's statistic itself (nothing recorded for it)."""
     _served(stat, (metric,))
-    return _recorded(f"run:{metric}:{stat}", f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})')
+    return f'max without(metric) (verl_training_{stat}{{metric="{metric}"}})'
 
 
 def steps_of_any(stat: str, pattern: str, names: tuple[str, ...], aggregate: str = "max", *, name: str) -> str:
@@ -165,6 +170,26 @@ def steps_of_any(stat: str, pattern: str, names: tuple[str, ...], aggregate: str
     as ``run:<name>:<stat>``."""
     _served(stat, names)
     return _recorded(f"run:{name}:{stat}", f'{aggregate} without(metric) (verl_training_{stat}{{metric=~"{pattern}"}})')
+
+
+# Figures of a run's step statistics that several rules read (its score range as the unit of its rewards),
+# each recorded once per run by group RUN_FIGURES_GROUP: recorded name -> expression. Their rules read the
+# raw statistics (one level deep), so they are as fresh as the recorded statistics.
+RUN_FIGURES: dict[str, str] = {}
+RUN_FIGURES_GROUP = "verl-run-figures"
+
+
+def recorded(name: str, expr: str) -> str:
+    """``expr`` recorded once per run as ``name`` (``run:<subject>:<what>``), by group RUN_FIGURES_GROUP."""
+    if RUN_FIGURES.setdefault(name, expr) != expr:
+        raise ValueError(f"{name} is recorded as {RUN_FIGURES[name]}, not {expr}")
+    return name
+
+
+def run_figures_group() -> dict:
+    """The recording group of the run figures, one rule each, by name."""
+    return {"name": RUN_FIGURES_GROUP, "interval": "",
+            "rules": [{"record": name, "expr": RUN_FIGURES[name]} for name in sorted(RUN_FIGURES)]}
 
 
 def _recorded(name: str, expr: str) -> str:

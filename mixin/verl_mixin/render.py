@@ -242,6 +242,9 @@ def rule_files(catalog: Catalog | None = None, *, time_scale: float = 1.0, min_r
     for recording in settings.recording_groups():
         _fill_recording(recording, catalog, time_scale, min_range)
         files.setdefault(settings.RULE_FILE, {"groups": []})["groups"].append(with_interval(recording, time_scale))
+    figures = model.run_figures_group()
+    _fill_recording(figures, catalog, time_scale, min_range)
+    files[settings.RULE_FILE]["groups"].append(with_interval(figures, time_scale))
     for group in GROUPS:
         rules = [rule(alert, group, catalog, time_scale, min_range, runbook_url, dashboard_url)
                  for alert in group.alerts]

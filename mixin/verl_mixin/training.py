@@ -5,7 +5,7 @@ Numbers are catalog placeholders (``${verl/key:threshold}``); sections refer to 
 
 from __future__ import annotations
 
-from .model import Alert, Group, held, mostly, steps, steps_of_any, sub
+from .model import Alert, Group, held, mostly, recorded, steps, steps_of_any, sub
 from .settings import ACTOR_GRAD_CLIP, CRITIC_GRAD_CLIP, quote, setting
 
 WARMED_ACTOR = "verl_training_last_step >= ${actor/pg_clipfrac:warmup_steps}"
@@ -32,6 +32,12 @@ SCORE_STALLED = ("(${SCORE_GAIN} < ${critic/score/mean:min_gain}"
                  f"${{critic/score/mean:min_gain}})")
 # The score's range over the run, from the batches' best and worst sequence scores.
 SCORE_RANGE = (f"({steps('run_max', 'verl_critic_score_max')} - {steps('run_min', 'verl_critic_score_min')})")
+# The unit of the run's rewards, returns and values: that range where the batches scored apart, else 1
+# (the guide's runs score 0 to 1). The critic's thresholds are in it (squared for its loss), so a run that
+# scores 0 to 10 is judged as one that scores 0 to 1.
+SCORE_SCALE_OF_STATISTICS = f"({SCORE_RANGE} > 0 or 0 * verl_training_last_step + 1)"  # for rules that record
+SCORE_SCALE = recorded("run:verl_critic_score:scale", SCORE_SCALE_OF_STATISTICS)
+SCORE_SCALE_SQUARED = f"({SCORE_SCALE} * {SCORE_SCALE})"
 # The middle of that range: below it the score is in the lower half of what the batches scored.
 SCORE_MIDDLE = f"({steps('run_min', 'verl_critic_score_min')} + ${{critic/score/mean:low_share}} * ${{SCORE_RANGE}})"
 SCORE_LOW = f"{steps('window_median', SCORE)} < ${{SCORE_MIDDLE}}"
@@ -97,7 +103,16 @@ VF_LOSS_FLAT = (f"{steps('window_mean', 'verl_critic_vf_loss')} > (1 - ${{critic
 # The critic's values and the returns apart at about half of the last 10 steps (their medians).
 VALUE_GAP = (f"abs({steps('window_median', 'verl_critic_vpred_mean')}"
              f" - {steps('window_median', 'verl_critic_returns_mean')})"
-             " > ${critic/vpred_mean:max_gap_to_returns}")
+             " > ${RUN_MATCH} ${VALUE_GAP_LIMIT}")
+# The critic's values this far from the returns, in the run's score unit; its loss (a squared error) over
+# these many squared units.
+VALUE_GAP_LIMIT = "(${critic/vpred_mean:max_gap_to_returns} * ${SCORE_SCALE})"
+VF_LOSS_HIGH = "(${critic/vf_loss:high} * ${SCORE_SCALE_SQUARED})"
+VF_LOSS_CONVERGED = "(${critic/vf_loss:converged} * ${SCORE_SCALE_SQUARED})"
+SCORE_UNITS_NOTE = " times the run's score range"
+SCORE_UNITS_MEANING = (" The threshold is in the run's own unit, its score range (the run's highest `critic/score/max` "
+                       "minus its lowest `critic/score/min`; 1 where every batch scored alike), squared for a loss: "
+                       "a run that scores 0 to 10 is judged as one that scores 0 to 1.")
 # How many of the run's latest steps in a row had every advantage 0 (max and min), and how likely such a
 # step is in this run: its own share of them before the streak (after 10 steps), else by its batch.
 ADVANTAGES = ("verl_critic_advantages_max", "verl_critic_advantages_min")
@@ -311,14 +326,15 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     ),
     Alert(
         name="VerlCriticLossNotDecreasing", severity="info",
-        expr="${VF_LOSS_FLAT} and " + held("verl_critic_vf_loss", ">", "${critic/vf_loss:converged}")
+        expr="${VF_LOSS_FLAT} and " + held("verl_critic_vf_loss", ">", "${RUN_MATCH} ${VF_LOSS_CONVERGED}")
         + " and ${WARMED_CRITIC}",
-        stay="${VF_LOSS_FLAT} and " + mostly("verl_critic_vf_loss", ">", "${critic/vf_loss:converged}"), for_="0s",
+        stay="${VF_LOSS_FLAT} and " + mostly("verl_critic_vf_loss", ">", "${RUN_MATCH} ${VF_LOSS_CONVERGED}"),
+        for_="0s",
         summary="The critic's loss has stopped decreasing while still high.",
         description="Run ${RUN}: critic/vf_loss averaged ${NUMBER} over the last 10 steps, not lower than the 10 "
-        "steps before, and is above ${critic/vf_loss:converged}.",
+        "steps before, and is above ${critic/vf_loss:converged}" + SCORE_UNITS_NOTE + " squared.",
         meaning="`critic/vf_loss` should fall from 10-100 to 0.1-10 and below 1 when converged. A loss that stays "
-        "high and flat means the value network does not fit the returns.",
+        "high and flat means the value network does not fit the returns." + SCORE_UNITS_MEANING,
         fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check that the reward scale is reasonable.",
         guide="2.1",
     ),
@@ -336,13 +352,13 @@ CRITIC = Group(name="verl-critic", file="verl-training.rules.yml", title="Critic
     ),
     Alert(
         name="VerlCriticValueOffTarget", severity="warning",
-        expr="abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        expr="abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${RUN_MATCH} ${VALUE_GAP_LIMIT}"
         " and ${VALUE_GAP} and ${WARMED_CRITIC}", stay="${VALUE_GAP}", for_="0s",
         summary="The critic's predicted values are far from the returns.",
         description="Run ${RUN}: critic/vpred_mean is ${NUMBER} away from critic/returns/mean (more than "
-        "${critic/vpred_mean:max_gap_to_returns}).",
+        "${critic/vpred_mean:max_gap_to_returns}" + SCORE_UNITS_NOTE + ").",
         meaning="The mean predicted value should approach the mean return as the critic learns (e.g. 2.34 vs "
-        "2.45). A lasting gap means the critic has not learned the value scale.",
+        "2.45). A lasting gap means the critic has not learned the value scale." + SCORE_UNITS_MEANING,
         fix="Raise `critic.optim.lr` or `critic.ppo_epochs`; check reward normalisation.",
         guide="2.3",
     ),
@@ -515,16 +531,18 @@ DIAGNOSES = Group(name="verl-diagnoses", file="verl-training.rules.yml", title="
     Alert(
         name="VerlCriticNotLearning", severity="warning",
         expr=held("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative}") + " and "
-        + held("verl_critic_vf_loss", ">", "${critic/vf_loss:high}")
-        + " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${critic/vpred_mean:max_gap_to_returns}"
+        + held("verl_critic_vf_loss", ">", "${RUN_MATCH} ${VF_LOSS_HIGH}")
+        + " and abs(verl_critic_vpred_mean - verl_critic_returns_mean) > ${RUN_MATCH} ${VALUE_GAP_LIMIT}"
         " and ${WARMED_CRITIC}",
         stay=mostly("verl_critic_vf_explained_var", "<", "${critic/vf_explained_var:negative}") + " and "
-        + mostly("verl_critic_vf_loss", ">", "${critic/vf_loss:high}"), for_="0s",
+        + mostly("verl_critic_vf_loss", ">", "${RUN_MATCH} ${VF_LOSS_HIGH}"), for_="0s",
         summary="The critic is not learning: negative explained variance, high loss, values far from returns.",
-        description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} with critic/vf_loss above ${critic/vf_loss:high} "
-        "and critic/vpred_mean far from critic/returns/mean: the critic is not learning.",
+        description="Run ${RUN}: critic/vf_explained_var is ${NUMBER} with critic/vf_loss above ${critic/vf_loss:high}"
+        + SCORE_UNITS_NOTE + " squared, and critic/vpred_mean far from critic/returns/mean: the critic is not "
+        "learning.",
         meaning="The guide's worked example 3: after 50 steps `vf_explained_var` -0.234, `vf_loss` 45.23 and "
-        "`vpred_mean` 0.123 against `returns/mean` 5.678. The advantages built on such a critic are noise.",
+        "`vpred_mean` 0.123 against `returns/mean` 5.678. The advantages built on such a critic are noise."
+        + SCORE_UNITS_MEANING,
         fix="Raise `critic.optim.lr` (e.g. 1e-5 -> 5e-5) or `critic.ppo_epochs` (1 -> 2).",
         guide="11.4",
     ),

@@ -187,3 +187,22 @@ def test_a_run_with_progress_bars_over_its_step_lines_reads_the_same_steps_and_v
     assert sum(b"\r" in line for line in barred.read_bytes().split(b"\n")) == len(expected.steps) > 0
     assert repr(found.steps) == repr(expected.steps)  # NaN as logged
     assert found.times == expected.times and found.config == expected.config and found.events == expected.events
+
+
+def test_a_rescaled_run_scores_ten_times_higher_and_keeps_what_is_not_in_its_reward_unit(tmp_path):
+    """The rescaled regime multiplies what is in the rewards' unit (10 times; the critic's loss, a squared
+    error, 100 times) and leaves the rest (advantages, entropy, lengths, times) as logged."""
+    run = next((name for name in REAL if VERDICTS[name]["verdict"] == "healthy" and (FOLDER_OF[name] / name).is_dir()
+                and log_files(name) and "critic/vf_loss" in read_run(log_files(name)[0]).steps[-1][1]), None)
+    if run is None:
+        pytest.skip("no healthy PPO run beside the checkout")
+    out = tmp_path / "rescaled.log"
+    write_transformed(run, "rescaled", log_files(run)[0], out)
+    before, after = read_run(log_files(run)[0]), read_run(str(out))
+    assert [step for step, _ in after.steps] == [step for step, _ in before.steps] and after.times == before.times
+    (_, old), (_, new) = before.steps[-1], after.steps[-1]
+    for key, factor in (("critic/score/mean", 10), ("critic/returns/mean", 10), ("critic/vpred_mean", 10),
+                        ("critic/vf_loss", 100), ("critic/advantages/mean", 1), ("actor/pg_loss", 1),
+                        ("response_length/mean", 1)):
+        assert new[key] == pytest.approx(old[key] * factor, rel=1e-3, abs=1e-9), key
+    assert sorted(new) == sorted(old)
