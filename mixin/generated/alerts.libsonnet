@@ -689,13 +689,13 @@
           },
           {
             "alert": "VerlThroughputDropped",
-            "expr": "(\n  (run:verl_perf_throughput:recent_max < 0.5 * run:verl_perf_throughput:prior_mean)\n  or\n  (\n    run:verl_perf_throughput:window_median < (1 + 0.5) * 0.5 * run:verl_perf_throughput:best_window_mean\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlThroughputDropped\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
+            "expr": "(\n  (\n    run:verl_perf_throughput:recent_max < 0.5 * run:verl_perf_throughput:prior_mean\n    and\n    run:verl_perf_throughput:window_median < 0.5 * run:verl_perf_throughput:prior_mean\n  )\n  or\n  (\n    run:verl_perf_throughput:window_median < (1 + 0.5) * 0.5 * run:verl_perf_throughput:best_window_mean\n    and on(job, instance, project, experiment, user, team)\n    ALERTS{alertname=\"VerlThroughputDropped\", alertstate=\"firing\"}\n  )\n)\nunless on(job, instance, project, experiment, user, team)\nverl_training_finished_timestamp_seconds\n",
             "labels": {
               "severity": "warning"
             },
             "annotations": {
               "summary": "Training throughput fell to half of the run's own earlier throughput.",
-              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: perf/throughput is {{ $value | printf \"%.4g\" }} tokens/s per GPU or less at each of the last 3 steps, below 0.5 of its mean over the 10 steps before the last 10.",
+              "description": "Run {{ $labels.project }}/{{ $labels.experiment }}: perf/throughput is {{ $value | printf \"%.4g\" }} tokens/s per GPU or less at each of the last 3 steps, and at most of the last 10, below 0.5 of its mean over the 10 steps before those.",
               "runbook_url": $._config.runbookURL + "#verlthroughputdropped",
               "dashboard_url": std.strReplace("{{ if $labels.experiment }}@@GRAFANA_URL@@/d/verl-run/run-detail?var-project={{ $labels.project | urlquery }}&var-experiment={{ $labels.experiment | urlquery }}&var-user={{ $labels.user | urlquery }}{{ else if $labels.instance }}@@GRAFANA_URL@@/d/verl-gpu/gpu-nodes?var-instance={{ $labels.instance | urlquery }}{{ if $labels.gpu }}&var-gpu={{ $labels.gpu | urlquery }}{{ end }}{{ else }}@@GRAFANA_URL@@/d/verl-fleet/fleet-overview{{ if $labels.team }}?var-team={{ $labels.team | urlquery }}{{ end }}{{ end }}", "@@GRAFANA_URL@@", $._config.grafanaURL),
               "fix": "Find the slow phase in `timing_s/*` (generation, actor update) and follow its alert; check MFU and that GPUs are not throttled."

@@ -148,17 +148,23 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
     ),
     Alert(
         name="VerlThroughputDropped", severity="warning",
-        expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
+        # Each of the last 3 steps and most of the last 10: slow steps that come alone (a long-tail rollout, a
+        # validation or a save now and then) do not make a run slower, however they fall together.
+        expr=steps("recent_max", "verl_perf_throughput") + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}"
+        " and " + steps("window_median", "verl_perf_throughput")
+        + " < ${perf/throughput:drop_ratio} * ${THROUGHPUT_BEFORE}",
         stay=steps("window_median", "verl_perf_throughput")
         + " < (1 + ${perf/throughput:drop_ratio}) * ${hysteresis:half} * "
         + steps("best_window_mean", "verl_perf_throughput"), for_="0s",
         summary="Training throughput fell to half of the run's own earlier throughput.",
         description="Run ${RUN}: perf/throughput is ${NUMBER} tokens/s per GPU or less at each of the last 3 steps, "
-        "below ${perf/throughput:drop_ratio} of its mean over the 10 steps before the last 10.",
+        "and at most of the last 10, below ${perf/throughput:drop_ratio} of its mean over the 10 steps before "
+        "those.",
         meaning="`perf/throughput` is tokens processed per second per GPU. What is normal depends on the model "
         "size, the GPUs and the batch and sequence lengths (the guide's 50 tokens/s/GPU is for a 7B "
-        "model), so the rule compares the run with itself, in steps: each of its last 3 steps against the "
-        "mean of the 10 steps before the last 10; it stays firing while the median of the last 10 steps is "
+        "model), so the rule compares the run with itself, in steps: each of its last 3 steps and the median "
+        "of its last 10 against the mean of the 10 steps before those (slow steps that come alone, a long-tail "
+        "rollout or a validation now and then, are no slower run, even three in a row); it stays firing while the median of the last 10 steps is "
         "under three quarters of the run's best 10 steps in a row. A restart of the job (its config printed "
         "again) starts the comparison again: a resumed job may run on other GPUs or another release, and "
         "verl 0.9's separate_async trainer counts the rollout GPUs in the denominator (verl PR #7049), so a "
