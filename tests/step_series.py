@@ -92,7 +92,10 @@ def expand(path: Path, out_dir: Path) -> Path:
     rule_files = []
     for rule in _items(_get(root, "rule_files")):
         rule_files.append(with_alerts(path.parent / rule.value, asserted, folder / Path(rule.value).name))
-        out = out.replace(f"- {rule.value}\n", f"- {rule_files[-1]}\n", 1)
+        replaced = out.replace(f"- {rule.value}\n", f"- {rule_files[-1]}\n", 1)
+        if replaced == out:  # promtool would read the untrimmed file, or none, relative to the copy
+            raise ValueError(f"rule_files entry {rule.value!r} must be alone on its line")
+        out = replaced
     out = with_step_statistics(out, rule_files, folder / STEP_STATISTICS_NAME)
     if len(_items(_get(yaml.compose(out, Loader=FAST_SAFE_LOADER), "tests"))) != len(_items(_get(root, "tests"))):
         raise ValueError(f"{path}: the expanded file does not hold the same tests")

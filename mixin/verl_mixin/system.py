@@ -164,8 +164,9 @@ PERFORMANCE = Group(name="verl-performance", file="verl-performance.rules.yml", 
         "size, the GPUs and the batch and sequence lengths (the guide's 50 tokens/s/GPU is for a 7B "
         "model), so the rule compares the run with itself, in steps: each of its last 3 steps and the median "
         "of its last 10 against the mean of the 10 steps before those (slow steps that come alone, a long-tail "
-        "rollout or a validation now and then, are no slower run, even three in a row); it stays firing while the median of the last 10 steps is "
-        "under three quarters of the run's best 10 steps in a row. A restart of the job (its config printed "
+        "rollout or a validation now and then, are no slower run, even three in a row); it stays firing while "
+        "the median of the last 10 steps is under three quarters of the run's best 10 steps in a row. A restart "
+        "of the job (its config printed "
         "again) starts the comparison again: a resumed job may run on other GPUs or another release, and "
         "verl 0.9's separate_async trainer counts the rollout GPUs in the denominator (verl PR #7049), so a "
         "run resumed under 0.9 logs a lower `perf/throughput` for the same speed.",

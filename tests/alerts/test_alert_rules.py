@@ -117,6 +117,20 @@ def test_an_expanded_test_file_keeps_the_alerts_it_checks_and_every_recording_ru
     assert "run:verl_critic_vf_explained_var:recent_max" not in statistics  # no critic series in the actor tests
 
 
+def test_a_rule_file_entry_the_expansion_cannot_point_at_its_copy_is_refused(tmp_path):
+    """A comment after a rule_files entry would leave promtool the untrimmed file, or none (the path is
+    relative to the test file, not to its expanded copy): the expansion says so instead."""
+    folder = tmp_path / "tests" / "alerts"
+    folder.mkdir(parents=True)
+    text = (TESTS / "performance.test.yml").read_text()
+    entry = "- ../../alerts/rules/verl-performance.rules.yml\n"
+    assert entry in text
+    (folder / "performance.test.yml").write_text(text.replace(entry, entry[:-1] + "  # a comment\n", 1))
+    (tmp_path / "alerts").symlink_to(REPO / "alerts")
+    with pytest.raises(ValueError, match="alone on its line"):
+        step_series.expand(folder / "performance.test.yml", tmp_path / "expanded")
+
+
 def test_every_alert_fires_with_all_annotations_and_stays_silent_somewhere():
     rules = shipped_alerts()
     fires, silent = {}, set()
