@@ -190,3 +190,22 @@ def test_only_series_the_rules_can_read_are_backfilled():
     text = io.StringIO()
     assert backfill.write_openmetrics(history, text, keep=keep) == 1
     assert "verl_actor_pg_loss{" in text.getvalue() and "verl_val_aux" not in text.getvalue()
+
+
+def test_a_figure_several_alerts_read_is_recorded_once_and_a_simple_one_inlined():
+    """A recording rule is inlined into the alerts where it is cheap (at most INLINED_MAX_SELECTORS
+    selectors, or read once); a figure of more series that several alerts read is recorded by the
+    replay, once, instead of evaluated again at every read."""
+    simple = {"record": "run:setting",
+              "expr": 'max without(key) (verl_run_config{key="a"}) or (0 * verl_training_last_step + 1)'}
+    figure = {"record": "run:figure",
+              "expr": "(verl_training_a - verl_training_b) > 0 or 0 * verl_training_last_step + 1"}
+    once = {"record": "run:once", "expr": "verl_training_a * verl_training_b * verl_training_c"}
+    groups = [{"name": "g", "interval": "15s", "rules": [simple, figure, once]}]
+    alerts = [AlertRule("A", "run:setting > 1 and run:figure > 2 and run:once > 0", 15.0, 0.0),
+              AlertRule("B", "verl_x > run:figure", 15.0, 0.0)]
+    assert alert_rules.selectors(figure["expr"]) == 3 > alert_rules.INLINED_MAX_SELECTORS
+    inlined, recorded = alert_rules.inline(alerts, groups)
+    assert [entry["record"] for group in recorded for entry in group["rules"]] == ["run:figure"]
+    assert "run:setting" not in inlined[0].expr and "verl_run_config" in inlined[0].expr
+    assert "run:once" not in inlined[0].expr and "run:figure" in inlined[0].expr and "run:figure" in inlined[1].expr

@@ -198,12 +198,34 @@ def label_drops(groups: list[dict]) -> tuple[dict[tuple[str, str], str], list[di
     return drops, kept
 
 
+# A recorded series that the alerts read more than once, whose rule reads more series than this, is recorded
+# by the replay, not inlined: a figure that several alerts read (the run's score range, a floored spread)
+# costs once recorded, and again at each read, at every evaluation, inlined.
+INLINED_MAX_SELECTORS = 2
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+# A series name: a word with an underscore or colon (label names of by/on lists have none in these rules)
+# that is no function, no label matcher's name.
+_SELECTOR = re.compile(r"(?<![\w:])[a-zA-Z_:][a-zA-Z0-9_:]*[_:][a-zA-Z0-9_:]*(?![\w:])(?!\s*[(=!~])")
+
+
+def selectors(expr: str) -> int:
+    """How many series selectors ``expr`` holds (each occurrence)."""
+    return len(_SELECTOR.findall(_QUOTED.sub('""', expr)))
+
+
 def inline(alerts: list[AlertRule], groups: list[dict]) -> tuple[list[AlertRule], list[dict]]:
     """The alerts with each recorded series they read plainly (no matchers, no range, no added labels)
     replaced by its rule's expression, evaluated at the same time: the same result without a
-    second backfill. The recording rules still read otherwise are returned."""
+    second backfill (a rule of more than ``INLINED_MAX_SELECTORS`` selectors only where it is read once).
+    The recording rules still read otherwise are returned."""
+    everything = "\n".join(rule.expr for rule in alerts)
+
+    def reads(name: str) -> int:
+        return len(re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])", everything))
+
     simple = {entry["record"]: entry["expr"].strip() for group in groups for entry in group["rules"]
-              if not entry.get("labels")}
+              if not entry.get("labels")
+              and (selectors(entry["expr"]) <= INLINED_MAX_SELECTORS or reads(entry["record"]) <= 1)}
     counts: dict[str, int] = {}
     for entry in (entry for group in groups for entry in group["rules"]):
         counts[entry["record"]] = counts.get(entry["record"], 0) + 1
