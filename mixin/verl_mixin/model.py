@@ -181,27 +181,32 @@ RUN_FIGURES_GROUP = "verl-run-figures"
 
 def recorded(name: str, expr: str) -> str:
     """``expr`` recorded once per run as ``name`` (``run:<subject>:<what>``), by group RUN_FIGURES_GROUP."""
-    if RUN_FIGURES.setdefault(name, expr) != expr:
-        raise ValueError(f"{name} is recorded as {RUN_FIGURES[name]}, not {expr}")
-    return name
+    return _record(RUN_FIGURES, name, expr)
 
 
 def run_figures_group() -> dict:
     """The recording group of the run figures, one rule each, by name."""
-    return {"name": RUN_FIGURES_GROUP, "interval": "",
-            "rules": [{"record": name, "expr": RUN_FIGURES[name]} for name in sorted(RUN_FIGURES)]}
+    return _group(RUN_FIGURES_GROUP, RUN_FIGURES)
 
 
 def _recorded(name: str, expr: str) -> str:
-    if STEP_STATISTICS.setdefault(name, expr) != expr:
-        raise ValueError(f"{name} is recorded as {STEP_STATISTICS[name]}, not {expr}")
-    return name
+    return _record(STEP_STATISTICS, name, expr)
 
 
 def step_statistics_group() -> dict:
     """The recording group of every step statistic a rule reads, one rule each, by name."""
-    return {"name": STEP_STATISTICS_GROUP, "interval": "",
-            "rules": [{"record": name, "expr": STEP_STATISTICS[name]} for name in sorted(STEP_STATISTICS)]}
+    return _group(STEP_STATISTICS_GROUP, STEP_STATISTICS)
+
+
+def _record(table: dict[str, str], name: str, expr: str) -> str:
+    if table.setdefault(name, expr) != expr:
+        raise ValueError(f"{name} is recorded as {table[name]}, not {expr}")
+    return name
+
+
+def _group(name: str, table: dict[str, str]) -> dict:
+    rules = [{"record": record, "expr": table[record]} for record in sorted(table)]
+    return {"name": name, "interval": "", "rules": rules}
 
 
 def read_raw(expr: str) -> str:
