@@ -103,13 +103,17 @@ def referenced(exprs: list[str]) -> Callable[[str], bool]:
     return lambda name: name in words or any(pattern.fullmatch(name) for pattern in patterns)
 
 
+def _reads(name: str, text: str) -> int:
+    """How many times ``text`` reads the series ``name`` (as a whole name)."""
+    return len(re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])", text))
+
+
 def _read_by(alerts: list[AlertRule], groups: list[dict]) -> list[dict]:
     """The recording rules the alerts read (the others cannot change what the alerts do)."""
     exprs = "\n".join(rule.expr for rule in alerts)
     needed = []
     for group in groups:
-        rules = [entry for entry in group["rules"]
-                 if re.search(rf"(?<![\w:]){re.escape(entry['record'])}(?![\w:])", exprs)]
+        rules = [entry for entry in group["rules"] if _reads(entry["record"], exprs)]
         if rules:
             needed.append(group | {"rules": rules})
     return needed
@@ -219,13 +223,9 @@ def inline(alerts: list[AlertRule], groups: list[dict]) -> tuple[list[AlertRule]
     second backfill (a rule of more than ``INLINED_MAX_SELECTORS`` selectors only where it is read once).
     The recording rules still read otherwise are returned."""
     everything = "\n".join(rule.expr for rule in alerts)
-
-    def reads(name: str) -> int:
-        return len(re.findall(rf"(?<![\w:]){re.escape(name)}(?![\w:])", everything))
-
     simple = {entry["record"]: entry["expr"].strip() for group in groups for entry in group["rules"]
               if not entry.get("labels")
-              and (selectors(entry["expr"]) <= INLINED_MAX_SELECTORS or reads(entry["record"]) <= 1)}
+              and (selectors(entry["expr"]) <= INLINED_MAX_SELECTORS or _reads(entry["record"], everything) <= 1)}
     counts: dict[str, int] = {}
     for entry in (entry for group in groups for entry in group["rules"]):
         counts[entry["record"]] = counts.get(entry["record"], 0) + 1
